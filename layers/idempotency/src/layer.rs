@@ -1,0 +1,328 @@
+use crate::fingerprint::{Fingerprinter, Sha256Fingerprint};
+use crate::predicate::{DefaultPredicate, StorePredicate};
+use crate::scope::Scope;
+use crate::service::Idempotency;
+use crate::store::{IdempotencyStore, MemoryStore};
+use http::{HeaderName, Method};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_layer::Layer;
+
+/// Applies [`Idempotency`] to a service: requests that carry an `Idempotency-Key` run their
+/// handler once; retries get the stored response.
+///
+/// See the [crate docs](crate) for the flow, the status codes and an axum example.
+///
+/// Type parameters, each changed by one builder method: `St` the [store](crate::store)
+/// ([`store`](Self::store)), `Sc` the [scope](crate::scope) ([`scope`](Self::scope)), `F` the
+/// [fingerprint](crate::fingerprint) ([`fingerprint_with`](Self::fingerprint_with)), `P` the
+/// [store predicate](crate::predicate) ([`store_when`](Self::store_when)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_once_idempotency::{scope::HeaderScope, IdempotencyLayer};
+///
+/// let layer = IdempotencyLayer::new()
+///     .require_key(true)
+///     .scope(HeaderScope::new("x-tenant-id"))
+///     .body_limit(64 * 1024)
+///     .lease(Duration::from_secs(30))
+///     .retention(Duration::from_secs(3600));
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer<
+    St = MemoryStore,
+    Sc = (),
+    F = Sha256Fingerprint,
+    P = DefaultPredicate,
+> {
+    store: St,
+    config: Config<Sc, F, P>,
+}
+
+/// Everything the service needs besides the store; shared by all clones of one service.
+#[derive(Clone)]
+pub(crate) struct Config<Sc, F, P> {
+    pub(crate) settings: Settings,
+    pub(crate) scope: Sc,
+    pub(crate) fingerprinter: F,
+    pub(crate) predicate: P,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) max_key_len: usize,
+    pub(crate) require_key: bool,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) fail_open: bool,
+    pub(crate) unavailable_retry_after: Duration,
+    pub(crate) strip_headers: Vec<HeaderName>,
+}
+
+/// The default `Idempotency-Key` header name.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The header added to replayed responses, with the value `true` (as Stripe does).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+impl IdempotencyLayer {
+    /// A layer with the defaults and a fresh [`MemoryStore`]:
+    ///
+    /// | setting | default |
+    /// |---|---|
+    /// | covered methods | `POST`, `PATCH` |
+    /// | key header | `Idempotency-Key`, 1..=255 visible ASCII, optional (missing → pass through) |
+    /// | scope | none (`()`) |
+    /// | request body limit | 1 MiB → `413` |
+    /// | stored response limit | 1 MiB (larger → not replayable) |
+    /// | lease | 10 s, renewed every 1/3 lease while the handler runs |
+    /// | retention | 24 h |
+    /// | store failure | fail closed: `503`, `Retry-After: 1` |
+    pub fn new() -> Self {
+        Self::with_store(MemoryStore::new())
+    }
+}
+
+impl Default for IdempotencyLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<St> IdempotencyLayer<St> {
+    /// A layer with the defaults of [`new`](IdempotencyLayer::new) and the given store.
+    pub fn with_store(store: St) -> Self {
+        Self {
+            store,
+            config: Config {
+                settings: Settings {
+                methods: vec![Method::POST, Method::PATCH],
+                header: IDEMPOTENCY_KEY,
+                max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
+                require_key: false,
+                body_limit: 1024 * 1024,
+                response_limit: 1024 * 1024,
+                lease: Duration::from_secs(10),
+                retention: Duration::from_secs(24 * 3600),
+                fail_open: false,
+                unavailable_retry_after: Duration::from_secs(1),
+                strip_headers: Vec::new(),
+                },
+                scope: (),
+                fingerprinter: Sha256Fingerprint,
+                predicate: DefaultPredicate,
+            },
+        }
+    }
+}
+
+impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
+    /// Uses another store (for example the Redis store, shared by many replicas).
+    pub fn store<St2>(self, store: St2) -> IdempotencyLayer<St2, Sc, F, P> {
+        IdempotencyLayer {
+            store,
+            config: self.config,
+        }
+    }
+
+    /// The store this layer uses.
+    pub fn store_ref(&self) -> &St {
+        &self.store
+    }
+
+    /// Which request methods the layer covers; others pass through untouched.
+    /// Default `POST` and `PATCH`.
+    ///
+    /// # Panics
+    ///
+    /// If `methods` is empty.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.settings.methods = methods.into_iter().collect();
+        assert!(
+            !self.config.settings.methods.is_empty(),
+            "IdempotencyLayer::methods needs at least one method"
+        );
+        self
+    }
+
+    /// The header carrying the key. Default `Idempotency-Key`.
+    pub fn header_name(mut self, name: HeaderName) -> Self {
+        self.config.settings.header = name;
+        self
+    }
+
+    /// The longest key accepted. Default 255.
+    ///
+    /// # Panics
+    ///
+    /// If `max` is zero.
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        assert!(max > 0, "IdempotencyLayer::max_key_len must be at least 1");
+        self.config.settings.max_key_len = max;
+        self
+    }
+
+    /// Whether a covered request without a key is refused with `400` (`true`) or passed through
+    /// (`false`, the default, so the layer can be added to an existing API).
+    pub fn require_key(mut self, require: bool) -> Self {
+        self.config.settings.require_key = require;
+        self
+    }
+
+    /// The largest request body buffered; larger ones get `413` and never reach the handler.
+    /// `Content-Length` is checked before reading. Default 1 MiB.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.config.settings.body_limit = limit;
+        self
+    }
+
+    /// The largest response body stored for replay. A larger response still reaches its first
+    /// caller in full; its key is then kept as *not replayable*, so duplicates get `409` and the
+    /// handler never runs twice. Default 1 MiB.
+    pub fn response_limit(mut self, limit: usize) -> Self {
+        self.config.settings.response_limit = limit;
+        self
+    }
+
+    /// How long a claim holds its key without renewal. While the handler runs the layer renews it
+    /// every third of the lease; if the process dies, the key is free again within one lease.
+    /// Default 10 s.
+    ///
+    /// # Panics
+    ///
+    /// If `lease` is shorter than 3 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        assert!(
+            lease >= Duration::from_millis(3),
+            "IdempotencyLayer::lease must be at least 3 ms"
+        );
+        self.config.settings.lease = lease;
+        self
+    }
+
+    /// How long a completed response is kept for replay. Default 24 h (as Stripe).
+    ///
+    /// # Panics
+    ///
+    /// If `retention` is zero.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        assert!(
+            !retention.is_zero(),
+            "IdempotencyLayer::retention must not be zero"
+        );
+        self.config.settings.retention = retention;
+        self
+    }
+
+    /// What to do when the store fails: `false` (the default) answers `503` with `Retry-After`
+    /// and does not run the handler; `true` runs the handler without a claim (duplicates may
+    /// then run twice).
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.config.settings.fail_open = fail_open;
+        self
+    }
+
+    /// The `Retry-After` sent with `503` when the store fails. Default 1 s.
+    pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
+        self.config.settings.unavailable_retry_after = after;
+        self
+    }
+
+    /// A response header never stored nor replayed (in addition to the hop-by-hop headers,
+    /// which never are). For example a per-response `Set-Cookie`.
+    pub fn strip_header(mut self, name: HeaderName) -> Self {
+        self.config.settings.strip_headers.push(name);
+        self
+    }
+
+    /// Scopes keys, for example by tenant: see [`scope`](crate::scope).
+    pub fn scope<Sc2>(self, scope: Sc2) -> IdempotencyLayer<St, Sc2, F, P>
+    where
+        Sc2: Scope,
+    {
+        let c = self.config;
+        IdempotencyLayer {
+            store: self.store,
+            config: Config {
+                settings: c.settings,
+                scope,
+                fingerprinter: c.fingerprinter,
+                predicate: c.predicate,
+            },
+        }
+    }
+
+    /// Replaces the request fingerprint: see [`fingerprint`](crate::fingerprint).
+    pub fn fingerprint_with<F2>(self, fingerprinter: F2) -> IdempotencyLayer<St, Sc, F2, P>
+    where
+        F2: Fingerprinter,
+    {
+        let c = self.config;
+        IdempotencyLayer {
+            store: self.store,
+            config: Config {
+                settings: c.settings,
+                fingerprinter,
+                scope: c.scope,
+                predicate: c.predicate,
+            },
+        }
+    }
+
+    /// Replaces the rule deciding which responses are stored: see [`predicate`](crate::predicate).
+    pub fn store_when<P2>(self, predicate: P2) -> IdempotencyLayer<St, Sc, F, P2>
+    where
+        P2: StorePredicate,
+    {
+        let c = self.config;
+        IdempotencyLayer {
+            store: self.store,
+            config: Config {
+                settings: c.settings,
+                predicate,
+                scope: c.scope,
+                fingerprinter: c.fingerprinter,
+            },
+        }
+    }
+}
+
+impl<S, St, Sc, F, P> Layer<S> for IdempotencyLayer<St, Sc, F, P>
+where
+    St: IdempotencyStore,
+    Sc: Clone,
+    F: Clone,
+    P: Clone,
+{
+    type Service = Idempotency<S, St, Sc, F, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, self.store.clone(), Arc::new(self.config.clone()))
+    }
+}
+
+impl<St: fmt::Debug, Sc, F, P> fmt::Debug for IdempotencyLayer<St, Sc, F, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &self.store)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<Sc, F, P> fmt::Debug for Config<Sc, F, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("settings", &self.settings)
+            .field("scope", &std::any::type_name::<Sc>())
+            .field("fingerprinter", &std::any::type_name::<F>())
+            .field("predicate", &std::any::type_name::<P>())
+            .finish()
+    }
+}

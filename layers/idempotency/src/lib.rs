@@ -1,0 +1,128 @@
+//! `Idempotency-Key` middleware for tower: a keyed request's handler runs once; retries get the
+//! stored response.
+//!
+//! Clients retry, queues redeliver and a timeout never says whether the work happened. With
+//! [`IdempotencyLayer`] on a route, a client that sends the same `Idempotency-Key` again gets the
+//! first response back, marked `Idempotent-Replayed: true`, and the handler's effect (a charge,
+//! an email, a row) happens once.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use axum::{routing::post, Router};
+//! use tower_once_idempotency::{scope::HeaderScope, IdempotencyLayer};
+//!
+//! async fn create_charge(body: String) -> (http::StatusCode, String) {
+//!     // Runs once per (tenant, key), however often the client retries.
+//!     (http::StatusCode::CREATED, format!("charged for {body}"))
+//! }
+//!
+//! # #[tokio::main]
+//! # async fn main() -> std::io::Result<()> {
+//! let app = Router::new().route("/charges", post(create_charge)).layer(
+//!     IdempotencyLayer::new()
+//!         .require_key(true)
+//!         .scope(HeaderScope::new("x-tenant-id")),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await
+//! # }
+//! ```
+//!
+//! # What happens to a request
+//!
+//! Requests whose method is not covered (by default all but `POST` and `PATCH`) pass through
+//! untouched. For a covered request:
+//!
+//! 1. **Key.** The [`Idempotency-Key`](IDEMPOTENCY_KEY) header, a bare token or an RFC 8941
+//!    string ([`key`]). Missing: pass through, or `400` with
+//!    [`require_key`](IdempotencyLayer::require_key). Malformed or repeated: `400`.
+//! 2. **Scope.** The record's identity is SHA-256 of ([scope], method, path, key), so tenants
+//!    never share keys.
+//! 3. **Body.** Buffered up to [`body_limit`](IdempotencyLayer::body_limit) (`Content-Length` is
+//!    checked first): over it, `413` and the handler never runs. The [fingerprint] is SHA-256 of
+//!    method, path and query, and body.
+//! 4. **Claim.** One store round trip either claims the key for a random [`ClaimToken`] with a
+//!    short lease, or returns the record that holds it.
+//! 5. **Run.** The handler runs with the [`ClaimToken`] in its request extensions; the lease is
+//!    renewed every third of its length while it runs.
+//! 6. **Finish.** The response is stored, or the key released, as the [predicate] decides, with
+//!    a write fenced by the token.
+//!
+//! | situation                                        | answer                                          | handler runs |
+//! |--------------------------------------------------|-------------------------------------------------|--------------|
+//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx)  | yes, once    |
+//! | same key, same request, completed                | stored status, headers, body, trailers + `Idempotent-Replayed: true` | no |
+//! | same key, same request, still running            | `409` + `Retry-After` (lease left)              | no           |
+//! | same key, different method/path/query/body       | `422`                                           | no           |
+//! | handler answered 5xx, 408, 425 or 429, failed, or the client went away mid-run | the handler's answer; key released | next retry runs it |
+//! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; duplicates `409` | no |
+//! | request body over the limit                      | `413`                                           | no           |
+//! | missing key with `require_key`, malformed key    | `400`                                           | no           |
+//! | store unreachable, slow or full                  | `503` + `Retry-After` (or run unclaimed with [`fail_open`](IdempotencyLayer::fail_open)) | no |
+//!
+//! The layer's own errors are `application/problem+json` with a stable `type` URI: see
+//! [`problem`]. Stored responses keep every header but hop-by-hop ones and those named with
+//! [`strip_header`](IdempotencyLayer::strip_header).
+//!
+//! # Crashes and leases
+//!
+//! A claim is a lease: a process that dies mid-request stops renewing, and its key is free again
+//! within one [`lease`](IdempotencyLayer::lease), so the client's retry runs. A handler slower
+//! than its lease keeps it as long as it is running. If it stalls so long that a renewal fails
+//! (the store was down), another request may claim the key: the handler can compare its
+//! [`ClaimToken`] with the record before committing to fence that case.
+//!
+//! Storing the response is a separate write after the handler: if that write fails, duplicates
+//! get `409` until the lease expires and then run again. Nothing in a middleware can close that
+//! window; a handler that writes its effect and the record in one transaction can.
+//!
+//! # Stores
+//!
+//! [`MemoryStore`](store::MemoryStore) (the default) is bounded, expires by TTL and serves one
+//! process. Several replicas share keys through the Redis store of `tower-once` (feature
+//! `redis`). Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
+//! contract and a conformance suite are in [`store`].
+//!
+//! # Observability
+//!
+//! Each covered request runs in a `tracing` span named `idempotency` with the fields `method`,
+//! `path`, `store_key` (the hashed record key, never the raw key) and `outcome`, one of
+//! `claimed`, `stored`, `released`, `replayed`, `conflict`, `mismatch`, `rejected`,
+//! `not_replayable`, `unavailable` or `unclaimed`. Rejections before the body is read are
+//! `debug` events with `outcome = "rejected"`.
+//!
+//! # Differences from other idempotency middleware
+//!
+//! - The key is scoped and fingerprinted like Stripe's and the IETF draft's: reuse with another
+//!   request is `422`, never a silent replay of the wrong response.
+//! - Claims are leased and fenced by token, so a crashed replica cannot hold a key forever nor
+//!   overwrite a newer claim.
+//! - 5xx and dropped requests release the key instead of caching a failure.
+//!
+//! # Feature flags
+//!
+//! | feature       | enables |
+//! |---------------|---------|
+//! | `conformance` | [`store::conformance`], the test suite for store implementations |
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.85. Raising it is a minor-version change.
+
+mod body;
+pub mod fingerprint;
+mod future;
+pub mod key;
+mod layer;
+pub mod predicate;
+pub mod problem;
+pub mod scope;
+mod service;
+pub mod store;
+
+pub use self::body::{RequestBody, ResponseBody};
+pub use self::future::ResponseFuture;
+pub use self::layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use self::service::Idempotency;
+pub use self::store::ClaimToken;

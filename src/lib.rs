@@ -1,0 +1,56 @@
+//! Tower layers that make retries safe: exactly-once *effects* over at-least-once networks.
+//!
+//! Networks deliver at least once: clients retry, queues redeliver, and a timeout never tells
+//! whether the work happened. `tower-once` gives tower, axum, tonic and hyper users drop-in
+//! [`tower::Layer`](https://docs.rs/tower/latest/tower/trait.Layer.html)s so a request's effect
+//! happens once:
+//!
+//! - [`idempotency`]: the server side. [`IdempotencyLayer`](idempotency::IdempotencyLayer) reads
+//!   the `Idempotency-Key` header, runs the handler once per key and replays the stored response
+//!   to retries.
+//! - `retry` and `timeout`: the client side (safe, budgeted retries and deadline-aware timeouts)
+//!   are being built; their crates are placeholders today.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use axum::{routing::post, Router};
+//! use tower_once::idempotency::IdempotencyLayer;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> std::io::Result<()> {
+//! let app = Router::new()
+//!     .route("/charges", post(|| async { (http::StatusCode::CREATED, "charged") }))
+//!     .layer(IdempotencyLayer::new().require_key(true));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! | feature       | default | enables |
+//! |---------------|---------|---------|
+//! | `idempotency` | yes     | [`idempotency`]: `IdempotencyLayer` and the in-memory store |
+//! | `retry`       | no      | `retry` (placeholder, not implemented yet) |
+//! | `timeout`     | no      | `timeout` (placeholder, not implemented yet) |
+//! | `redis`       | no      | the Redis store (not implemented yet; today it only enables `idempotency`) |
+//! | `full`        | no      | all of the above |
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.85. Raising it is a minor-version change.
+
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+#[cfg(feature = "idempotency")]
+#[doc(inline)]
+pub use tower_once_idempotency as idempotency;
+
+#[cfg(feature = "retry")]
+#[doc(inline)]
+pub use tower_once_retry as retry;
+
+#[cfg(feature = "timeout")]
+#[doc(inline)]
+pub use tower_once_timeout as timeout;
