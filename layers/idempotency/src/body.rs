@@ -270,14 +270,21 @@ mod tests {
         let mut c = Collector::default();
         assert!(c.push(Bytes::from_static(b"ab"), 5).is_ok());
         assert!(c.push(Bytes::from_static(b"cd"), 5).is_ok());
-        assert_eq!(c.push(Bytes::from_static(b"ef"), 5), Err(Bytes::from_static(b"ef")));
+        assert_eq!(
+            c.push(Bytes::from_static(b"ef"), 5),
+            Err(Bytes::from_static(b"ef"))
+        );
         assert!(c.push(Bytes::from_static(b"e"), 5).is_ok());
         assert_eq!(c.finish(), "abcde");
 
         let mut single = Collector::default();
         let chunk = Bytes::from_static(b"zero-copy");
         assert!(single.push(chunk.clone(), 100).is_ok());
-        assert_eq!(single.finish().as_ptr(), chunk.as_ptr(), "one chunk is not copied");
+        assert_eq!(
+            single.finish().as_ptr(),
+            chunk.as_ptr(),
+            "one chunk is not copied"
+        );
 
         let mut c = Collector::default();
         assert!(c.push(Bytes::from_static(b"ab"), 2).is_ok());

@@ -227,9 +227,12 @@ where
                         };
                         let body = std::mem::take(collected).finish();
                         *this.fingerprint = this.config.fingerprinter.fingerprint(&parts, &body);
-                        let future =
-                            this.store
-                                .claim(*this.key, *this.token, *this.fingerprint, settings.lease);
+                        let future = this.store.claim(
+                            *this.key,
+                            *this.token,
+                            *this.fingerprint,
+                            settings.lease,
+                        );
                         State::Claim {
                             future,
                             request: Some(Request::from_parts(parts, body)),
@@ -402,7 +405,11 @@ fn problem<B>(kind: ProblemKind, retry_after: Option<Duration>) -> Response<Resp
 }
 
 /// The answer to a request whose key is held by an existing record.
-fn existing<B>(span: &Span, record: ExistingRecord, fingerprint: &Fingerprint) -> Response<ResponseBody<B>> {
+fn existing<B>(
+    span: &Span,
+    record: ExistingRecord,
+    fingerprint: &Fingerprint,
+) -> Response<ResponseBody<B>> {
     if record.fingerprint != *fingerprint {
         span.record("outcome", "mismatch");
         return problem(ProblemKind::FingerprintMismatch, None);
@@ -418,8 +425,10 @@ fn existing<B>(span: &Span, record: ExistingRecord, fingerprint: &Fingerprint) -
         }
         RecordState::Completed(stored) => {
             span.record("outcome", "replayed");
-            let mut response =
-                Response::new(ResponseBody::full_with_trailers(stored.body, stored.trailers));
+            let mut response = Response::new(ResponseBody::full_with_trailers(
+                stored.body,
+                stored.trailers,
+            ));
             *response.status_mut() = stored.status;
             *response.headers_mut() = stored.headers;
             response
@@ -558,7 +567,10 @@ impl<St: IdempotencyStore> ClaimGuard<St> {
     }
 
     fn complete(&mut self, completion: Completion, retention: Duration) {
-        self.op = Op::Completing(self.store.complete(self.key, self.token, completion, retention));
+        self.op = Op::Completing(
+            self.store
+                .complete(self.key, self.token, completion, retention),
+        );
     }
 
     fn release(&mut self) {
@@ -580,9 +592,9 @@ impl<St: IdempotencyStore> ClaimGuard<St> {
 fn log_finish(result: Result<bool, StoreError>, completing: bool) {
     match (result, completing) {
         (Ok(true), _) => {}
-        (Ok(false), true) => tracing::warn!(
-            "idempotency claim lost before completion: the response was not stored"
-        ),
+        (Ok(false), true) => {
+            tracing::warn!("idempotency claim lost before completion: the response was not stored")
+        }
         (Ok(false), false) => tracing::debug!("idempotency claim already gone at release"),
         (Err(error), true) => tracing::error!(
             %error,

@@ -151,7 +151,10 @@ mod tests {
         assert_eq!(parse(b"\"a\\\"", 255), Err(InvalidKey::MalformedString));
         assert_eq!(parse(b"a b", 255), Err(InvalidKey::InvalidCharacter));
         assert_eq!(parse(b"\"a b\"", 255), Err(InvalidKey::InvalidCharacter));
-        assert_eq!(parse("ключ".as_bytes(), 255), Err(InvalidKey::InvalidCharacter));
+        assert_eq!(
+            parse("ключ".as_bytes(), 255),
+            Err(InvalidKey::InvalidCharacter)
+        );
         assert_eq!(parse(&[b'k'; 256], 255), Err(InvalidKey::TooLong));
     }
 

@@ -32,12 +32,8 @@ use tower_layer::Layer;
 /// # let _ = layer;
 /// ```
 #[derive(Clone)]
-pub struct IdempotencyLayer<
-    St = MemoryStore,
-    Sc = (),
-    F = Sha256Fingerprint,
-    P = DefaultPredicate,
-> {
+pub struct IdempotencyLayer<St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate>
+{
     store: St,
     config: Config<Sc, F, P>,
 }
@@ -102,17 +98,17 @@ impl<St> IdempotencyLayer<St> {
             store,
             config: Config {
                 settings: Settings {
-                methods: vec![Method::POST, Method::PATCH],
-                header: IDEMPOTENCY_KEY,
-                max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
-                require_key: false,
-                body_limit: 1024 * 1024,
-                response_limit: 1024 * 1024,
-                lease: Duration::from_secs(10),
-                retention: Duration::from_secs(24 * 3600),
-                fail_open: false,
-                unavailable_retry_after: Duration::from_secs(1),
-                strip_headers: Vec::new(),
+                    methods: vec![Method::POST, Method::PATCH],
+                    header: IDEMPOTENCY_KEY,
+                    max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
+                    require_key: false,
+                    body_limit: 1024 * 1024,
+                    response_limit: 1024 * 1024,
+                    lease: Duration::from_secs(10),
+                    retention: Duration::from_secs(24 * 3600),
+                    fail_open: false,
+                    unavailable_retry_after: Duration::from_secs(1),
+                    strip_headers: Vec::new(),
                 },
                 scope: (),
                 fingerprinter: Sha256Fingerprint,

@@ -18,8 +18,7 @@ use tower_service::Service;
 /// Middleware that runs each keyed request's handler once and replays its response to retries.
 ///
 /// Built by [`IdempotencyLayer`](crate::IdempotencyLayer); see the [crate docs](crate).
-pub struct Idempotency<S, St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate>
-{
+pub struct Idempotency<S, St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate> {
     inner: S,
     store: St,
     config: Arc<Config<Sc, F, P>>,
@@ -111,13 +110,18 @@ where
             (Some(_), Some(_)) => {
                 return ResponseFuture::rejected(ProblemKind::InvalidKey, &parts, None);
             }
-            (Some(value), None) => match crate::key::parse(value.as_bytes(), settings.max_key_len)
-            {
-                Ok(key) => key,
-                Err(reason) => {
-                    return ResponseFuture::rejected(ProblemKind::InvalidKey, &parts, Some(reason));
+            (Some(value), None) => {
+                match crate::key::parse(value.as_bytes(), settings.max_key_len) {
+                    Ok(key) => key,
+                    Err(reason) => {
+                        return ResponseFuture::rejected(
+                            ProblemKind::InvalidKey,
+                            &parts,
+                            Some(reason),
+                        );
+                    }
                 }
-            },
+            }
         };
         let declared = parts
             .headers

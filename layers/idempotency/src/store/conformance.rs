@@ -96,10 +96,12 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
         self.complete_round_trips_the_response().await;
         self.not_replayable_is_kept().await;
         self.writes_are_fenced_by_token().await;
-        self.completed_records_cannot_be_released_or_extended().await;
+        self.completed_records_cannot_be_released_or_extended()
+            .await;
         self.release_frees_the_key().await;
         self.extend_renews_the_lease().await;
-        self.lease_expiry_frees_the_key_and_fences_the_old_owner().await;
+        self.lease_expiry_frees_the_key_and_fences_the_old_owner()
+            .await;
         self.retention_expiry_frees_the_key().await;
         self.keys_are_independent().await;
     }
@@ -117,7 +119,10 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
         match self.claim(key, probe, fingerprint(0xee)).await {
             ClaimOutcome::Existing(record) => Some((record.fingerprint, record.state)),
             ClaimOutcome::Claimed => {
-                assert!(ok(self.store.release(key, probe).await), "release of a probe claim");
+                assert!(
+                    ok(self.store.release(key, probe).await),
+                    "release of a probe claim"
+                );
                 None
             }
         }
@@ -126,13 +131,23 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
     /// Rule 1: a claimed key is held; a second claim sees it in progress, with its fingerprint.
     pub async fn claim_is_exclusive(&self) {
         let (key, token) = (random_key(), ClaimToken::new());
-        assert!(matches!(self.claim(key, token, fingerprint(1)).await, ClaimOutcome::Claimed));
+        assert!(matches!(
+            self.claim(key, token, fingerprint(1)).await,
+            ClaimOutcome::Claimed
+        ));
         match self.claim(key, ClaimToken::new(), fingerprint(2)).await {
             ClaimOutcome::Existing(record) => {
-                assert_eq!(record.fingerprint, fingerprint(1), "the first claim's fingerprint");
+                assert_eq!(
+                    record.fingerprint,
+                    fingerprint(1),
+                    "the first claim's fingerprint"
+                );
                 match record.state {
                     RecordState::InProgress { lease_remaining } => {
-                        assert!(lease_remaining <= self.lease, "lease_remaining within the lease")
+                        assert!(
+                            lease_remaining <= self.lease,
+                            "lease_remaining within the lease"
+                        )
                     }
                     other => panic!("a claimed key must be in progress, got {other:?}"),
                 }
@@ -148,9 +163,11 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
             .map(|_| {
                 let store = self.store.clone();
                 let lease = self.lease;
-                tokio::spawn(
-                    async move { store.claim(key, ClaimToken::new(), fingerprint(1), lease).await },
-                )
+                tokio::spawn(async move {
+                    store
+                        .claim(key, ClaimToken::new(), fingerprint(1), lease)
+                        .await
+                })
             })
             .collect();
         let mut winners = 0;
@@ -168,26 +185,47 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
     /// Rule 3: status, repeated headers in order, binary body and trailers come back unchanged.
     pub async fn complete_round_trips_the_response(&self) {
         let (key, token) = (random_key(), ClaimToken::new());
-        assert!(matches!(self.claim(key, token, fingerprint(3)).await, ClaimOutcome::Claimed));
+        assert!(matches!(
+            self.claim(key, token, fingerprint(3)).await,
+            ClaimOutcome::Claimed
+        ));
         let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+        headers.insert(
+            "content-type",
+            HeaderValue::from_static("application/octet-stream"),
+        );
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("set-cookie", HeaderValue::from_static("b=2"));
-        headers.insert("x-binary", HeaderValue::from_bytes(&[0x80, 0xff, b'a']).unwrap_or_else(|_| HeaderValue::from_static("x")));
+        headers.insert(
+            "x-binary",
+            HeaderValue::from_bytes(&[0x80, 0xff, b'a'])
+                .unwrap_or_else(|_| HeaderValue::from_static("x")),
+        );
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from_static("0"));
-        let body: Bytes = (0..=255u8).cycle().take(256 * 1024 + 7).collect::<Vec<_>>().into();
-        let stored = StoredResponse::new(StatusCode::ACCEPTED, headers, body).with_trailers(trailers);
+        let body: Bytes = (0..=255u8)
+            .cycle()
+            .take(256 * 1024 + 7)
+            .collect::<Vec<_>>()
+            .into();
+        let stored =
+            StoredResponse::new(StatusCode::ACCEPTED, headers, body).with_trailers(trailers);
 
         let completion = Completion::Response(stored.clone());
-        assert!(ok(self.store.complete(key, token, completion, self.retention).await));
+        assert!(ok(self
+            .store
+            .complete(key, token, completion, self.retention)
+            .await));
         match self.state(key).await {
             Some((fp, RecordState::Completed(back))) => {
                 assert_eq!(fp, fingerprint(3), "the fingerprint survives completion");
                 assert_eq!(back.status, stored.status);
                 assert_eq!(back.headers, stored.headers);
                 assert_eq!(
-                    back.headers.get_all("set-cookie").iter().collect::<Vec<_>>(),
+                    back.headers
+                        .get_all("set-cookie")
+                        .iter()
+                        .collect::<Vec<_>>(),
                     ["a=1", "b=2"],
                     "repeated headers keep their order"
                 );
@@ -202,7 +240,9 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
     pub async fn not_replayable_is_kept(&self) {
         let (key, token) = (random_key(), ClaimToken::new());
         self.claim(key, token, fingerprint(4)).await;
-        let done = self.store.complete(key, token, Completion::NotReplayable, self.retention);
+        let done = self
+            .store
+            .complete(key, token, Completion::NotReplayable, self.retention);
         assert!(ok(done.await));
         assert!(matches!(
             self.state(key).await,
@@ -220,7 +260,10 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
             HeaderMap::new(),
             Bytes::from_static(b"stolen"),
         ));
-        assert!(!ok(self.store.complete(key, other, response, self.retention).await));
+        assert!(!ok(self
+            .store
+            .complete(key, other, response, self.retention)
+            .await));
         assert!(!ok(self.store.release(key, other).await));
         assert!(!ok(self.store.extend(key, other, self.lease).await));
         assert!(matches!(
@@ -232,8 +275,14 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
         assert!(!ok(self.store.release(absent, token).await));
         assert!(!ok(self.store.extend(absent, token, self.lease).await));
         let completion = Completion::NotReplayable;
-        assert!(!ok(self.store.complete(absent, token, completion, self.retention).await));
-        assert!(self.state(absent).await.is_none(), "a refused complete must not create a record");
+        assert!(!ok(self
+            .store
+            .complete(absent, token, completion, self.retention)
+            .await));
+        assert!(
+            self.state(absent).await.is_none(),
+            "a refused complete must not create a record"
+        );
     }
 
     /// Rule 2: the owner itself cannot release, extend or re-complete a completed record.
@@ -245,7 +294,10 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
             HeaderMap::new(),
             Bytes::from_static(b"first"),
         ));
-        assert!(ok(self.store.complete(key, token, first, self.retention).await));
+        assert!(ok(self
+            .store
+            .complete(key, token, first, self.retention)
+            .await));
         assert!(!ok(self.store.release(key, token).await));
         assert!(!ok(self.store.extend(key, token, self.lease).await));
         let second = Completion::Response(StoredResponse::new(
@@ -253,7 +305,10 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
             HeaderMap::new(),
             Bytes::from_static(b"second"),
         ));
-        assert!(!ok(self.store.complete(key, token, second, self.retention).await));
+        assert!(!ok(self
+            .store
+            .complete(key, token, second, self.retention)
+            .await));
         match self.state(key).await {
             Some((_, RecordState::Completed(r))) => assert_eq!(r.body, "first"),
             other => panic!("expected the first completion, got {other:?}"),
@@ -265,7 +320,10 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
         let (key, token) = (random_key(), ClaimToken::new());
         self.claim(key, token, fingerprint(7)).await;
         assert!(ok(self.store.release(key, token).await));
-        assert!(!ok(self.store.release(key, token).await), "a second release finds nothing");
+        assert!(
+            !ok(self.store.release(key, token).await),
+            "a second release finds nothing"
+        );
         assert!(matches!(
             self.claim(key, ClaimToken::new(), fingerprint(8)).await,
             ClaimOutcome::Claimed
@@ -294,11 +352,17 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
         self.clock.advance(self.lease + self.lease / 2).await;
         let new = ClaimToken::new();
         assert!(
-            matches!(self.claim(key, new, fingerprint(10)).await, ClaimOutcome::Claimed),
+            matches!(
+                self.claim(key, new, fingerprint(10)).await,
+                ClaimOutcome::Claimed
+            ),
             "a key whose lease lapsed is free"
         );
         let stale = Completion::NotReplayable;
-        assert!(!ok(self.store.complete(key, old, stale, self.retention).await));
+        assert!(!ok(self
+            .store
+            .complete(key, old, stale, self.retention)
+            .await));
         assert!(!ok(self.store.release(key, old).await));
         assert!(matches!(
             self.state(key).await,
@@ -312,7 +376,9 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
         let (key, token) = (random_key(), ClaimToken::new());
         self.claim(key, token, fingerprint(11)).await;
         let retention = self.lease;
-        let done = self.store.complete(key, token, Completion::NotReplayable, retention);
+        let done = self
+            .store
+            .complete(key, token, Completion::NotReplayable, retention);
         assert!(ok(done.await));
         self.clock.advance(retention / 2).await;
         assert!(self.state(key).await.is_some(), "kept within its retention");
@@ -324,8 +390,14 @@ impl<St: IdempotencyStore, C: Clock> Suite<St, C> {
     pub async fn keys_are_independent(&self) {
         let (a, b) = (random_key(), random_key());
         let (ta, tb) = (ClaimToken::new(), ClaimToken::new());
-        assert!(matches!(self.claim(a, ta, fingerprint(12)).await, ClaimOutcome::Claimed));
-        assert!(matches!(self.claim(b, tb, fingerprint(12)).await, ClaimOutcome::Claimed));
+        assert!(matches!(
+            self.claim(a, ta, fingerprint(12)).await,
+            ClaimOutcome::Claimed
+        ));
+        assert!(matches!(
+            self.claim(b, tb, fingerprint(12)).await,
+            ClaimOutcome::Claimed
+        ));
         assert!(ok(self.store.release(a, ta).await));
         assert!(matches!(
             self.state(b).await,

@@ -401,15 +401,26 @@ mod tests {
     async fn full_of_claims_refuses_and_evicts_completed_first() {
         let store = MemoryStore::builder().max_entries(2).build();
         let (t1, t2) = (ClaimToken::new(), ClaimToken::new());
-        assert!(matches!(store.do_claim(key(1), t1, FP, LEASE), Ok(ClaimOutcome::Claimed)));
-        assert!(matches!(store.do_claim(key(2), t2, FP, LEASE), Ok(ClaimOutcome::Claimed)));
-        let err = store.do_claim(key(3), ClaimToken::new(), FP, LEASE).unwrap_err();
+        assert!(matches!(
+            store.do_claim(key(1), t1, FP, LEASE),
+            Ok(ClaimOutcome::Claimed)
+        ));
+        assert!(matches!(
+            store.do_claim(key(2), t2, FP, LEASE),
+            Ok(ClaimOutcome::Claimed)
+        ));
+        let err = store
+            .do_claim(key(3), ClaimToken::new(), FP, LEASE)
+            .unwrap_err();
         assert!(err.is_full(), "in-progress claims are never evicted");
         assert_eq!(store.len(), 2);
 
         assert!(store.do_complete(key(1), t1, response(10), DAY));
         let t3 = ClaimToken::new();
-        assert!(matches!(store.do_claim(key(3), t3, FP, LEASE), Ok(ClaimOutcome::Claimed)));
+        assert!(matches!(
+            store.do_claim(key(3), t3, FP, LEASE),
+            Ok(ClaimOutcome::Claimed)
+        ));
         assert_eq!(store.len(), 2);
         // key 1 (completed) was evicted, key 2 (in progress) kept its claim.
         assert!(matches!(
@@ -422,7 +433,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn byte_bound_evicts_old_responses_then_keeps_key_unreplayable() {
         // Few entries: one shard, so the whole byte budget applies to these keys.
-        let store = MemoryStore::builder().max_entries(10).max_bytes(1_000).build();
+        let store = MemoryStore::builder()
+            .max_entries(10)
+            .max_bytes(1_000)
+            .build();
         let (t1, t2, t3) = (ClaimToken::new(), ClaimToken::new(), ClaimToken::new());
         store.do_claim(key(1), t1, FP, LEASE).unwrap();
         assert!(store.do_complete(key(1), t1, response(600), DAY));

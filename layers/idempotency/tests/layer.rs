@@ -1,0 +1,769 @@
+//! Behaviour of `IdempotencyLayer` over a plain tower service, with paused time.
+//! Every test asserts how many times the handler ran, not only the statuses.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{Layer, Service, ServiceExt};
+use tower_once_idempotency::store::{
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, MemoryStore, StoreError, StoreKey,
+};
+use tower_once_idempotency::{fingerprint::Fingerprint, scope::HeaderScope};
+use tower_once_idempotency::{IdempotencyLayer, RequestBody};
+
+type Req = Request<RequestBody<Full<Bytes>>>;
+
+/// A handler that counts its runs. The query controls it: `status=N` answers N, `sleep_ms=N`
+/// sleeps first, `big=N` answers N bytes, `fail` returns a service error.
+#[derive(Clone, Default)]
+struct Handler {
+    runs: Arc<AtomicUsize>,
+    tokens: Arc<std::sync::Mutex<Vec<ClaimToken>>>,
+}
+
+impl Handler {
+    fn runs(&self) -> usize {
+        self.runs.load(SeqCst)
+    }
+}
+
+impl Service<Req> for Handler {
+    type Response = Response<Full<Bytes>>;
+    type Error = &'static str;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let run = self.runs.fetch_add(1, SeqCst) + 1;
+        if let Some(token) = req.extensions().get::<ClaimToken>() {
+            self.tokens.lock().unwrap().push(*token);
+        }
+        Box::pin(async move {
+            let query = req.uri().query().unwrap_or("").to_owned();
+            let param = |name: &str| {
+                query.split('&').find_map(|kv| {
+                    kv.strip_prefix(name)?
+                        .strip_prefix('=')?
+                        .parse::<u64>()
+                        .ok()
+                })
+            };
+            if let Some(ms) = param("sleep_ms") {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if query.contains("fail") {
+                return Err("inner service failed");
+            }
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let status = StatusCode::from_u16(param("status").unwrap_or(201) as u16).unwrap();
+            let payload = match param("big") {
+                Some(n) => Bytes::from(vec![b'x'; n as usize]),
+                None => Bytes::from(format!("run {run}: {}", String::from_utf8_lossy(&body))),
+            };
+            Ok(Response::builder()
+                .status(status)
+                .header("content-type", "text/plain")
+                .header("set-cookie", "a=1")
+                .header("set-cookie", "b=2")
+                .header("x-run", run.to_string())
+                .header("connection", "x-hop")
+                .header("x-hop", "per-connection")
+                .header("keep-alive", "timeout=5")
+                .body(Full::new(payload))
+                .unwrap())
+        })
+    }
+}
+
+fn post(uri: &str, key: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
+    let mut builder = Request::post(uri);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn problem_type(&self) -> String {
+        assert_eq!(self.headers["content-type"], "application/problem+json");
+        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        v["type"].as_str().unwrap().to_owned()
+    }
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+}
+
+async fn send<S>(svc: &mut S, req: Request<Full<Bytes>>) -> Answer
+where
+    S: Service<
+        Request<Full<Bytes>>,
+        Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
+    >,
+    S::Error: std::fmt::Debug,
+{
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+fn layer() -> IdempotencyLayer {
+    IdempotencyLayer::new()
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_request_runs_once_and_retries_replay_it() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+
+    let first = send(&mut svc, post("/charges?x=1", Some("k1"), "{\"amount\":5}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body, "run 1: {\"amount\":5}");
+    assert!(!first.replayed());
+    assert_eq!(handler.runs(), 1);
+
+    for _ in 0..3 {
+        let again = send(&mut svc, post("/charges?x=1", Some("k1"), "{\"amount\":5}")).await;
+        assert_eq!(handler.runs(), 1, "a retry never runs the handler again");
+        assert!(again.replayed());
+        assert_eq!(again.status, first.status);
+        assert_eq!(again.body, first.body);
+        let mut expected = first.headers.clone();
+        for hop in ["connection", "x-hop", "keep-alive"] {
+            expected.remove(hop);
+        }
+        expected.insert("idempotent-replayed", HeaderValue::from_static("true"));
+        assert_eq!(
+            again.headers, expected,
+            "same headers, minus hop-by-hop, plus the replay mark"
+        );
+        let cookies: Vec<_> = again.headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn quoted_and_bare_forms_of_a_key_are_the_same_key() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    send(&mut svc, post("/c", Some("abc"), "x")).await;
+    let again = send(&mut svc, post("/c", Some("\"abc\""), "x")).await;
+    assert!(again.replayed());
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reusing_a_key_for_another_request_is_422_and_runs_nothing() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    send(&mut svc, post("/charges?x=1", Some("k"), "a")).await;
+
+    let other_body = send(&mut svc, post("/charges?x=1", Some("k"), "b")).await;
+    assert_eq!(other_body.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        other_body.problem_type(),
+        "urn:tower-once:idempotency:fingerprint-mismatch"
+    );
+    let other_query = send(&mut svc, post("/charges?x=2", Some("k"), "a")).await;
+    assert_eq!(other_query.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(handler.runs(), 1);
+
+    // Another path is another record (the key is scoped by method and path).
+    let other_path = send(&mut svc, post("/refunds", Some("k"), "a")).await;
+    assert_eq!(other_path.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_while_running_is_409_with_retry_after() {
+    let handler = Handler::default();
+    let svc = layer()
+        .lease(Duration::from_secs(10))
+        .layer(handler.clone());
+
+    let mut first_svc = svc.clone();
+    let first = tokio::spawn(async move {
+        send(&mut first_svc, post("/c?sleep_ms=5000", Some("k"), "x")).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(handler.runs(), 1);
+
+    let dup = send(&mut svc.clone(), post("/c?sleep_ms=5000", Some("k"), "x")).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.problem_type(), "urn:tower-once:idempotency:in-progress");
+    let retry_after: u64 = dup.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=10).contains(&retry_after),
+        "Retry-After is the lease left: {retry_after}"
+    );
+    assert_eq!(handler.runs(), 1, "the duplicate did not run");
+
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let after = send(&mut svc.clone(), post("/c?sleep_ms=5000", Some("k"), "x")).await;
+    assert!(after.replayed());
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_handler_keeps_its_claim_by_renewing_the_lease() {
+    let handler = Handler::default();
+    let svc = layer().lease(Duration::from_secs(3)).layer(handler.clone());
+
+    let mut first_svc = svc.clone();
+    let first = tokio::spawn(async move {
+        send(&mut first_svc, post("/c?sleep_ms=20000", Some("k"), "x")).await
+    });
+    // Well past several leases: without renewal the key would be free by now.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let dup = send(&mut svc.clone(), post("/c?sleep_ms=20000", Some("k"), "x")).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(handler.runs(), 1);
+
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert!(
+        send(&mut svc.clone(), post("/c?sleep_ms=20000", Some("k"), "x"))
+            .await
+            .replayed()
+    );
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_errors_and_not_now_statuses_release_the_key() {
+    for status in [500, 502, 503, 408, 425, 429] {
+        let handler = Handler::default();
+        let mut svc = layer().layer(handler.clone());
+        let uri = format!("/c?status={status}");
+        let failed = send(&mut svc, post(&uri, Some("k"), "x")).await;
+        assert_eq!(failed.status.as_u16(), status);
+        assert!(!failed.replayed());
+        let retried = send(&mut svc, post(&uri, Some("k"), "x")).await;
+        assert_eq!(
+            handler.runs(),
+            2,
+            "{status} released the key, so the retry ran"
+        );
+        assert!(!retried.replayed());
+        assert!(
+            svc.store().is_empty(),
+            "the released key left nothing behind"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_errors_are_stored_and_replayed() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    let first = send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
+    assert_eq!(first.status, StatusCode::BAD_REQUEST);
+    let again = send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
+    assert_eq!(again.status, StatusCode::BAD_REQUEST);
+    assert!(again.replayed());
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_when_replaces_the_rule() {
+    let handler = Handler::default();
+    let mut svc = layer()
+        .store_when(|parts: &http::response::Parts| parts.status.is_success())
+        .layer(handler.clone());
+    send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
+    send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
+    assert_eq!(handler.runs(), 2, "a 400 is released under this rule");
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_error_releases_the_key_and_is_returned() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c?fail", Some("k"), "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err, "inner service failed");
+    assert!(svc.store().is_empty(), "the key was released");
+    let ok = send(&mut svc, post("/c", Some("k"), "x")).await;
+    // Different query, same key and path: the failed attempt left no record to mismatch.
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_request_mid_run_releases_the_key() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    let mut pending = Box::pin(svc.ready().await.unwrap().call(post(
+        "/c?sleep_ms=60000",
+        Some("k"),
+        "x",
+    )));
+    assert!(futures_util::poll!(pending.as_mut()).is_pending());
+    assert_eq!(handler.runs(), 1);
+    assert_eq!(svc.store().len(), 1, "claimed while running");
+    drop(pending); // the client went away
+    tokio::task::yield_now().await;
+    assert!(svc.store().is_empty(), "dropping released the key");
+
+    let retry = send(&mut svc, post("/c", Some("k"), "x")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2, "the client's retry ran");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_owner_frees_the_key_after_one_lease() {
+    let handler = Handler::default();
+    let lease = Duration::from_secs(10);
+    let mut svc = layer().lease(lease).layer(handler.clone());
+    // A "crash": the request's future is never polled again and never dropped, so it neither
+    // renews nor releases its claim.
+    let mut crashed = Box::pin(svc.ready().await.unwrap().call(post(
+        "/c?sleep_ms=600000",
+        Some("k"),
+        "x",
+    )));
+    assert!(futures_util::poll!(crashed.as_mut()).is_pending());
+    std::mem::forget(crashed);
+    assert_eq!(handler.runs(), 1);
+
+    tokio::time::advance(lease / 2).await;
+    let early = send(&mut svc, post("/c?sleep_ms=600000", Some("k"), "x")).await;
+    assert_eq!(
+        early.status,
+        StatusCode::CONFLICT,
+        "within the lease the key is held"
+    );
+    assert_eq!(handler.runs(), 1);
+
+    tokio::time::advance(lease).await;
+    let late = send(&mut svc, post("/c?sleep_ms=600000", Some("k"), "x")).await;
+    assert_eq!(
+        late.status,
+        StatusCode::CREATED,
+        "after the lease the retry runs"
+    );
+    assert_eq!(handler.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_retention_lets_the_key_run_again() {
+    let handler = Handler::default();
+    let mut svc = layer()
+        .retention(Duration::from_secs(3600))
+        .layer(handler.clone());
+    send(&mut svc, post("/c", Some("k"), "x")).await;
+    tokio::time::advance(Duration::from_secs(3599)).await;
+    assert!(send(&mut svc, post("/c", Some("k"), "x")).await.replayed());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let reused = send(&mut svc, post("/c", Some("k"), "y")).await;
+    assert!(!reused.replayed());
+    assert_eq!(
+        reused.status,
+        StatusCode::CREATED,
+        "an expired key is free, even for a new body"
+    );
+    assert_eq!(handler.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn uncovered_methods_and_keyless_requests_pass_through() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    for _ in 0..2 {
+        let get = Request::get("/c")
+            .header("idempotency-key", "k")
+            .body(Full::default())
+            .unwrap();
+        let res = send(&mut svc, get).await;
+        assert!(!res.replayed());
+        assert!(
+            res.headers.contains_key("connection"),
+            "passed through untouched"
+        );
+        send(&mut svc, post("/c", None, "x")).await;
+    }
+    assert_eq!(handler.runs(), 4);
+    assert!(svc.store().is_empty(), "nothing was recorded");
+
+    let mut put_covered = layer().methods([http::Method::PUT]).layer(handler.clone());
+    let put = || {
+        Request::put("/c")
+            .header("idempotency-key", "k")
+            .body(Full::default())
+            .unwrap()
+    };
+    send(&mut put_covered, put()).await;
+    assert!(send(&mut put_covered, put()).await.replayed());
+    assert_eq!(handler.runs(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn required_missing_and_invalid_keys_are_400() {
+    let handler = Handler::default();
+    let mut svc = layer().require_key(true).layer(handler.clone());
+    let missing = send(&mut svc, post("/c", None, "x")).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.problem_type(),
+        "urn:tower-once:idempotency:missing-key"
+    );
+
+    for bad in ["", "a b", "\"open", &"k".repeat(256)] {
+        let res = send(&mut svc, post("/c", Some(bad), "x")).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(res.problem_type(), "urn:tower-once:idempotency:invalid-key");
+    }
+    let mut twice = post("/c", Some("a"), "x");
+    twice
+        .headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("b"));
+    let res = send(&mut svc, twice).await;
+    assert_eq!(res.problem_type(), "urn:tower-once:idempotency:invalid-key");
+    assert_eq!(handler.runs(), 0);
+    assert!(svc.store().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_bodies_are_413_before_the_handler() {
+    let handler = Handler::default();
+    let mut svc = layer().body_limit(8).layer(handler.clone());
+
+    let declared = Request::post("/c")
+        .header("idempotency-key", "k")
+        .header("content-length", "9")
+        .body(Full::new(Bytes::from_static(b"123456789")))
+        .unwrap();
+    let res = send(&mut svc, declared).await;
+    assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        res.problem_type(),
+        "urn:tower-once:idempotency:body-too-large"
+    );
+    assert_eq!(handler.runs(), 0);
+    assert!(svc.store().is_empty(), "nothing claimed");
+
+    // Exactly at the limit is fine.
+    let ok = send(&mut svc, post("/c", Some("k"), "12345678")).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn streamed_bodies_are_counted_while_buffered() {
+    type Frames = std::vec::IntoIter<Result<http_body::Frame<Bytes>, Infallible>>;
+    type Chunks = StreamBody<futures_util::stream::Iter<Frames>>;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(move |req: Request<RequestBody<Chunks>>| {
+            runs.fetch_add(1, SeqCst);
+            async move {
+                let body = req
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|_| "body")?
+                    .to_bytes();
+                Ok::<_, &'static str>(Response::new(Full::new(body)))
+            }
+        })
+    };
+    let mut svc = layer().body_limit(10).layer(inner);
+    let streamed = |chunks: &[&'static str]| {
+        let frames = chunks
+            .iter()
+            .map(|c| Ok(http_body::Frame::data(Bytes::from_static(c.as_bytes()))));
+        Request::post("/c")
+            .header("idempotency-key", "s")
+            .body(StreamBody::new(futures_util::stream::iter(
+                frames.collect::<Vec<_>>(),
+            )))
+            .unwrap()
+    };
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(streamed(&["12345", "67890", "X"]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(runs.load(SeqCst), 0);
+
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(streamed(&["12345", "67890"]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.into_body().collect().await.unwrap().to_bytes(),
+        "1234567890",
+        "chunks joined in order"
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_with_the_same_key_are_independent() {
+    let handler = Handler::default();
+    let mut svc = layer()
+        .scope(HeaderScope::new("x-tenant-id"))
+        .layer(handler.clone());
+    let as_tenant = |tenant: &str, body: &'static str| {
+        let mut req = post("/c", Some("shared-key"), body);
+        req.headers_mut()
+            .insert("x-tenant-id", tenant.parse().unwrap());
+        req
+    };
+    let a = send(&mut svc, as_tenant("a", "from a")).await;
+    let b = send(&mut svc, as_tenant("b", "from b")).await;
+    assert_eq!(handler.runs(), 2, "each tenant's first request runs");
+    assert!(!b.replayed(), "tenant b never sees tenant a's response");
+    assert_eq!(send(&mut svc, as_tenant("a", "from a")).await.body, a.body);
+    assert_eq!(send(&mut svc, as_tenant("b", "from b")).await.body, b.body);
+    assert_eq!(handler.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_response_reaches_its_caller_and_is_never_rerun() {
+    let handler = Handler::default();
+    let mut svc = layer().response_limit(1000).layer(handler.clone());
+    let first = send(&mut svc, post("/c?big=5000", Some("k"), "x")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(
+        first.body.len(),
+        5000,
+        "the first caller gets the whole response"
+    );
+    let dup = send(&mut svc, post("/c?big=5000", Some("k"), "x")).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(
+        dup.problem_type(),
+        "urn:tower-once:idempotency:not-replayable"
+    );
+    assert!(
+        !dup.headers.contains_key("retry-after"),
+        "retrying cannot help"
+    );
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn handler_sees_its_claim_token() {
+    let handler = Handler::default();
+    let mut svc = layer().layer(handler.clone());
+    send(&mut svc, post("/c?status=500", Some("k"), "x")).await;
+    send(&mut svc, post("/c", Some("k"), "x")).await;
+    send(&mut svc, post("/c", None, "x")).await;
+    let tokens = handler.tokens.lock().unwrap().clone();
+    assert_eq!(
+        tokens.len(),
+        2,
+        "keyed runs carry a token, unkeyed ones do not"
+    );
+    assert_ne!(tokens[0], tokens[1], "each claim has its own token");
+}
+
+#[tokio::test(start_paused = true)]
+async fn strip_header_keeps_a_header_out_of_replays() {
+    let handler = Handler::default();
+    let mut svc = layer()
+        .strip_header(http::header::SET_COOKIE)
+        .layer(handler.clone());
+    let first = send(&mut svc, post("/c", Some("k"), "x")).await;
+    assert_eq!(first.headers.get_all("set-cookie").iter().count(), 2);
+    let again = send(&mut svc, post("/c", Some("k"), "x")).await;
+    assert!(again.replayed());
+    assert!(!again.headers.contains_key("set-cookie"));
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn trailers_are_stored_and_replayed() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+            runs.fetch_add(1, SeqCst);
+            async move {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                let frames = vec![
+                    Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(b"msg"))),
+                    Ok(http_body::Frame::trailers(trailers)),
+                ];
+                Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
+                    frames,
+                ))))
+            }
+        })
+    };
+    let mut svc = layer().layer(inner);
+    for replay in [false, true] {
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(post("/rpc", Some("k"), "x"))
+            .await
+            .unwrap();
+        assert_eq!(res.headers().contains_key("idempotent-replayed"), replay);
+        let collected = res.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+        assert_eq!(collected.to_bytes(), "msg");
+    }
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+/// A store that is down: every operation fails.
+#[derive(Clone)]
+struct DownStore;
+
+type Failing<T> = std::future::Ready<Result<T, StoreError>>;
+
+impl IdempotencyStore for DownStore {
+    type ClaimFuture = Failing<ClaimOutcome>;
+    type CompleteFuture = Failing<bool>;
+    type ReleaseFuture = Failing<bool>;
+    type ExtendFuture = Failing<bool>;
+
+    fn claim(&self, _: StoreKey, _: ClaimToken, _: Fingerprint, _: Duration) -> Self::ClaimFuture {
+        std::future::ready(Err(StoreError::unavailable("connection refused")))
+    }
+    fn complete(
+        &self,
+        _: StoreKey,
+        _: ClaimToken,
+        _: Completion,
+        _: Duration,
+    ) -> Self::CompleteFuture {
+        std::future::ready(Err(StoreError::timeout()))
+    }
+    fn release(&self, _: StoreKey, _: ClaimToken) -> Self::ReleaseFuture {
+        std::future::ready(Err(StoreError::timeout()))
+    }
+    fn extend(&self, _: StoreKey, _: ClaimToken, _: Duration) -> Self::ExtendFuture {
+        std::future::ready(Err(StoreError::timeout()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_failure_fails_closed_unless_configured_open() {
+    let handler = Handler::default();
+    let mut closed = IdempotencyLayer::with_store(DownStore)
+        .unavailable_retry_after(Duration::from_secs(5))
+        .layer(handler.clone());
+    let res = send(&mut closed, post("/c", Some("k"), "x")).await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.problem_type(),
+        "urn:tower-once:idempotency:store-unavailable"
+    );
+    assert_eq!(res.headers["retry-after"], "5");
+    assert_eq!(
+        handler.runs(),
+        0,
+        "fail-closed never runs the handler without a claim"
+    );
+
+    let mut open = IdempotencyLayer::with_store(DownStore)
+        .fail_open(true)
+        .layer(handler.clone());
+    let res = send(&mut open, post("/c", Some("k"), "x")).await;
+    assert_eq!(res.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 1, "fail-open runs it, unclaimed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_store_answers_503_and_runs_nothing() {
+    let handler = Handler::default();
+    let store = MemoryStore::builder().max_entries(1).build();
+    let svc = IdempotencyLayer::with_store(store).layer(handler.clone());
+    let mut holder = svc.clone();
+    let running =
+        tokio::spawn(
+            async move { send(&mut holder, post("/c?sleep_ms=1000", Some("a"), "x")).await },
+        );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let refused = send(&mut svc.clone(), post("/c", Some("b"), "x")).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        handler.runs(),
+        1,
+        "only the request holding the one slot ran"
+    );
+    assert_eq!(running.await.unwrap().status, StatusCode::CREATED);
+    // Now the slot holds a completed record, which a new key may evict.
+    assert_eq!(
+        send(&mut svc.clone(), post("/c", Some("b"), "x"))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(handler.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_concurrent_duplicates_run_the_handler_once() {
+    let handler = Handler::default();
+    let svc = layer().layer(handler.clone());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let mut svc = svc.clone();
+            tokio::spawn(
+                async move { send(&mut svc, post("/c?sleep_ms=50", Some("same"), "x")).await },
+            )
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        let res = task.await.unwrap();
+        match res.status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::CONFLICT => {
+                assert_eq!(res.problem_type(), "urn:tower-once:idempotency:in-progress")
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(handler.runs(), 1);
+    assert!(created >= 1);
+}
