@@ -1,0 +1,153 @@
+//! The demo charge service: an axum router behind `IdempotencyLayer`.
+//!
+//! Shared by `examples/server` and the real-server tests (`tests/`), which include this file.
+
+use axum::body::Bytes;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower_once::idempotency::store::IdempotencyStore;
+use tower_once::idempotency::IdempotencyLayer;
+
+/// One charge in the ledger.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Charge {
+    pub(crate) charge_id: String,
+    pub(crate) order_id: String,
+    pub(crate) amount: u64,
+    pub(crate) tenant: String,
+}
+
+/// Every charge made, in order: the effect that must happen once per key.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ledger(Arc<Mutex<Vec<Charge>>>);
+
+impl Ledger {
+    pub(crate) fn charges(&self) -> Vec<Charge> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[derive(Deserialize)]
+struct ChargeRequest {
+    order_id: String,
+    amount: i64,
+}
+
+#[derive(Deserialize)]
+struct Knobs {
+    delay_ms: Option<u64>,
+    fail: Option<u16>,
+}
+
+const TENANT_HEADER: &str = "x-tenant-id";
+const ANONYMOUS: &str = "anonymous";
+
+/// The demo router: `POST /charges` (key required, scoped by `X-Tenant-Id`), `GET /charges`.
+pub(crate) fn router<St: IdempotencyStore>(store: St, lease: Duration, ledger: Ledger) -> Router {
+    let idempotency = IdempotencyLayer::with_store(store)
+        .require_key(true)
+        .lease(lease)
+        .scope(|parts: &axum::http::request::Parts| {
+            parts
+                .headers
+                .get(TENANT_HEADER)
+                .map_or_else(|| ANONYMOUS.as_bytes().to_vec(), |v| v.as_bytes().to_vec())
+        });
+    Router::new()
+        .route("/charges", post(create_charge).get(list_charges))
+        .with_state(ledger)
+        .layer(idempotency)
+        .layer(middleware::from_fn(log_request))
+}
+
+async fn create_charge(
+    State(ledger): State<Ledger>,
+    Query(knobs): Query<Knobs>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(ms) = knobs.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(code) = knobs.fail {
+        return match StatusCode::from_u16(code) {
+            Ok(status) if status.is_server_error() => (
+                status,
+                Json(serde_json::json!({"error": "failure requested"})),
+            )
+                .into_response(),
+            _ => bad_request("fail must be a 5xx status code"),
+        };
+    }
+    let request: ChargeRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+    };
+    let Ok(amount) = u64::try_from(request.amount) else {
+        return bad_request("amount must be a positive integer");
+    };
+    if amount == 0 {
+        return bad_request("amount must be a positive integer");
+    }
+    let tenant = headers
+        .get(TENANT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(ANONYMOUS)
+        .to_owned();
+    let charge = {
+        let mut charges = ledger.0.lock().unwrap_or_else(|e| e.into_inner());
+        let charge = Charge {
+            charge_id: format!("ch_{:06}", charges.len() + 1),
+            order_id: request.order_id,
+            amount,
+            tenant,
+        };
+        charges.push(charge.clone());
+        charge
+    };
+    (StatusCode::CREATED, Json(charge)).into_response()
+}
+
+async fn list_charges(State(ledger): State<Ledger>) -> Json<Vec<Charge>> {
+    Json(ledger.charges())
+}
+
+fn bad_request(message: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({"error": message})),
+    )
+        .into_response()
+}
+
+/// One line per request: method, path, status, whether it was replayed, tenant, latency.
+async fn log_request(request: Request, next: Next) -> Response {
+    let started = tokio::time::Instant::now();
+    let method = request.method().clone();
+    let uri = request.uri().clone();
+    let tenant = request
+        .headers()
+        .get(TENANT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(ANONYMOUS)
+        .to_owned();
+    let response = next.run(request).await;
+    tracing::info!(
+        target: "server",
+        %method,
+        uri = %uri,
+        status = response.status().as_u16(),
+        replayed = response.headers().contains_key("idempotent-replayed"),
+        tenant,
+        latency_ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}

@@ -1,0 +1,93 @@
+//! The demo charge server: `POST /charges` runs once per `Idempotency-Key`.
+//!
+//! ```sh
+//! cargo run --example server -- [--addr 127.0.0.1:3000] [--lease-ms 10000] [--redis URL]
+//! curl -si localhost:3000/charges -H 'Idempotency-Key: order-1' \
+//!      -d '{"order_id":"A","amount":500}'
+//! ```
+
+mod app;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+use tower_once::idempotency::store::MemoryStore;
+
+struct Args {
+    addr: SocketAddr,
+    lease: Duration,
+    redis: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        lease: Duration::from_secs(10),
+        redis: None,
+    };
+    let mut argv = std::env::args().skip(1);
+    while let Some(flag) = argv.next() {
+        let mut value = || argv.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--addr" => args.addr = value()?.parse().map_err(|e| format!("--addr: {e}"))?,
+            "--lease-ms" => {
+                let ms: u64 = value()?.parse().map_err(|e| format!("--lease-ms: {e}"))?;
+                if ms < 3 {
+                    return Err("--lease-ms must be at least 3".into());
+                }
+                args.lease = Duration::from_millis(ms);
+            }
+            "--redis" => args.redis = Some(value()?),
+            "-h" | "--help" => {
+                return Err("usage: server [--addr ADDR] [--lease-ms N] [--redis URL]".into())
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "server=info,tower_once_idempotency=warn".into()),
+        )
+        .init();
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.redis.is_some() {
+        eprintln!("--redis: not yet (the Redis store is not implemented yet); run without it for the in-memory store");
+        return ExitCode::from(2);
+    }
+    let app = app::router(MemoryStore::new(), args.lease, app::Ledger::default());
+    let listener = match tokio::net::TcpListener::bind(args.addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("cannot listen on {}: {e}", args.addr);
+            return ExitCode::FAILURE;
+        }
+    };
+    let local = listener.local_addr().map_or(args.addr, |a| a);
+    tracing::info!(target: "server", addr = %local, store = "memory", "listening");
+    match axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("server error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
