@@ -41,6 +41,8 @@
 //!
 //! 1.85. Raising it is a minor-version change.
 
+// Library code never unwraps: a panic on input is a bug (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 #[cfg(feature = "idempotency")]
@@ -54,3 +56,8 @@ pub use tower_once_retry as retry;
 #[cfg(feature = "timeout")]
 #[doc(inline)]
 pub use tower_once_timeout as timeout;
+
+/// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

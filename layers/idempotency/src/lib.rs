@@ -110,6 +110,9 @@
 //!
 //! 1.85. Raising it is a minor-version change.
 
+// Library code never unwraps: a panic on input is a bug (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod body;
 pub mod fingerprint;
 mod future;

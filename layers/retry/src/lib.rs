@@ -3,3 +3,6 @@
 //! This crate reserves the name and its place in the workspace. The layer it will hold
 //! (classified, budgeted, deadline-bound retries with replayable bodies) is specified in the
 //! project's design notes and tracked as an open issue; nothing here is usable today.
+
+// Library code never unwraps: a panic on input is a bug (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

@@ -166,7 +166,9 @@ impl MemoryStore {
                 State::InProgress { .. } => RecordState::InProgress {
                     lease_remaining: entry.expires_at.saturating_duration_since(now),
                 },
-                State::Completed(response) => RecordState::Completed(response.clone()),
+                State::Completed(response) => {
+                    RecordState::Completed(StoredResponse::clone(response))
+                }
                 State::NotReplayable => RecordState::NotReplayable,
             };
             return Ok(ClaimOutcome::Existing(ExistingRecord {
@@ -203,7 +205,7 @@ impl MemoryStore {
         };
         shard.remove(&key);
         let mut state = match completion {
-            Completion::Response(response) => State::Completed(response),
+            Completion::Response(response) => State::Completed(Arc::new(response)),
             Completion::NotReplayable => State::NotReplayable,
         };
         let size = state.size();
@@ -310,7 +312,7 @@ struct Entry {
 
 enum State {
     InProgress { token: ClaimToken },
-    Completed(StoredResponse),
+    Completed(Arc<StoredResponse>),
     NotReplayable,
 }
 

@@ -247,6 +247,8 @@ impl fmt::Debug for ClaimToken {
 }
 
 /// What [`IdempotencyStore::claim`] found.
+// Moved once per request; boxing would add an allocation to every replay.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
     /// The key was free and is now in progress under the given token.
@@ -265,6 +267,8 @@ pub struct ExistingRecord {
 }
 
 /// The state of an existing record.
+// Moved once per request; boxing would add an allocation to every replay.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum RecordState {
     /// A handler is running under a claim; its lease ends after `lease_remaining`.
@@ -279,6 +283,8 @@ pub enum RecordState {
 }
 
 /// How an in-progress record ends, given to [`IdempotencyStore::complete`].
+// Moved once per request; boxing would add an allocation to every replay.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Completion {
     /// Store this response for replay.
