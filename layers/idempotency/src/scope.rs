@@ -85,12 +85,14 @@ impl HeaderScope {
 }
 
 impl Scope for HeaderScope {
-    type Output = bytes::Bytes;
+    type Output = http::HeaderValue;
 
-    fn scope(&self, parts: &Parts) -> bytes::Bytes {
-        match parts.headers.get(&self.name) {
-            Some(value) => bytes::Bytes::copy_from_slice(value.as_bytes()),
-            None => bytes::Bytes::new(),
-        }
+    fn scope(&self, parts: &Parts) -> http::HeaderValue {
+        // A clone shares the header's bytes; an absent header is the empty scope.
+        parts
+            .headers
+            .get(&self.name)
+            .cloned()
+            .unwrap_or_else(|| http::HeaderValue::from_static(""))
     }
 }

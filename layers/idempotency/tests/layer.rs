@@ -767,3 +767,79 @@ async fn many_concurrent_duplicates_run_the_handler_once() {
     assert_eq!(handler.runs(), 1);
     assert!(created >= 1);
 }
+
+/// Body frames that may fail.
+type FailingFrames = std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>;
+
+#[tokio::test(start_paused = true)]
+async fn unreadable_request_body_is_400_and_runs_nothing() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(
+            move |_: Request<
+                RequestBody<StreamBody<futures_util::stream::Iter<FailingFrames>>>,
+            >| {
+                runs.fetch_add(1, SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::<Bytes>::default())) }
+            },
+        )
+    };
+    let mut svc = layer().layer(inner);
+    let frames = vec![
+        Ok(http_body::Frame::data(Bytes::from_static(b"part"))),
+        Err("connection reset"),
+    ];
+    let req = Request::post("/c")
+        .header("idempotency-key", "k")
+        .body(StreamBody::new(futures_util::stream::iter(frames)))
+        .unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(runs.load(SeqCst), 0);
+    assert!(svc.store().is_empty(), "nothing was claimed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_response_body_releases_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(move |_: Request<RequestBody<Full<Bytes>>>| {
+            let run = runs.fetch_add(1, SeqCst);
+            async move {
+                let frames: Vec<_> = if run == 0 {
+                    vec![
+                        Ok(http_body::Frame::data(Bytes::from_static(b"half"))),
+                        Err("upstream broke"),
+                    ]
+                } else {
+                    vec![Ok(http_body::Frame::data(Bytes::from_static(b"whole")))]
+                };
+                Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
+                    frames,
+                ))))
+            }
+        })
+    };
+    let mut svc = layer().layer(inner);
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(svc.store().is_empty(), "the key was released");
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "whole");
+    assert_eq!(runs.load(SeqCst), 2, "the retry ran");
+}

@@ -29,6 +29,11 @@ use tokio::time::Instant;
 /// Time is read from tokio's clock ([`tokio::time::Instant`]), so tests with paused time can
 /// expire leases and retention with `tokio::time::advance`.
 ///
+/// It is written here rather than on a caching crate such as `moka` because the contract needs
+/// what a cache does not offer: eviction that never touches an in-progress claim, an atomic
+/// claim-or-get, per-record expiry that changes on every transition, and a byte bound that
+/// degrades to "not replayable" instead of forgetting a key whose handler ran.
+///
 /// Records are lost when the process exits: with several replicas, or across restarts, use the
 /// Redis store.
 ///
