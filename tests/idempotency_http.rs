@@ -52,7 +52,7 @@ async fn serve(app: Router) -> SocketAddr {
 }
 
 async fn start() -> Server {
-    let ledger = Ledger::default();
+    let ledger = Ledger::memory();
     let app = app::router(MemoryStore::new(), Duration::from_secs(10), ledger.clone());
     Server {
         addr: serve(app).await,
@@ -90,8 +90,8 @@ impl Server {
         }
     }
 
-    fn charges(&self) -> Vec<Charge> {
-        self.ledger.charges()
+    async fn charges(&self) -> Vec<Charge> {
+        self.ledger.charges().await.unwrap()
     }
 }
 
@@ -103,7 +103,7 @@ async fn first_request_charges_once_and_retries_replay_it_exactly() {
     let first = server.post("/charges", Some("k-1"), None, ORDER_A).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(!first.replayed());
-    assert_eq!(server.charges().len(), 1);
+    assert_eq!(server.charges().await.len(), 1);
 
     for _ in 0..3 {
         let again = server.post("/charges", Some("k-1"), None, ORDER_A).await;
@@ -116,7 +116,11 @@ async fn first_request_charges_once_and_retries_replay_it_exactly() {
             }
         }
     }
-    assert_eq!(server.charges().len(), 1, "retries never charge again");
+    assert_eq!(
+        server.charges().await.len(),
+        1,
+        "retries never charge again"
+    );
 }
 
 #[tokio::test]
@@ -149,12 +153,16 @@ async fn two_hundred_concurrent_duplicates_charge_once() {
         }
     }
     assert_eq!(created + conflicts, 200);
-    assert_eq!(server.charges().len(), 1, "the handler ran exactly once");
+    assert_eq!(
+        server.charges().await.len(),
+        1,
+        "the handler ran exactly once"
+    );
     let after = server
         .post("/charges?delay_ms=50", Some("burst"), None, ORDER_A)
         .await;
     assert!(after.replayed());
-    assert_eq!(server.charges().len(), 1);
+    assert_eq!(server.charges().await.len(), 1);
 }
 
 #[tokio::test]
@@ -171,7 +179,12 @@ async fn tenants_with_one_key_are_independent() {
         (StatusCode::CREATED, StatusCode::CREATED)
     );
     assert!(!b.replayed(), "globex does not get acme's response");
-    let tenants: Vec<_> = server.charges().into_iter().map(|c| c.tenant).collect();
+    let tenants: Vec<_> = server
+        .charges()
+        .await
+        .into_iter()
+        .map(|c| c.tenant)
+        .collect();
     assert_eq!(tenants, ["acme", "globex"]);
     assert_eq!(
         server
@@ -180,7 +193,7 @@ async fn tenants_with_one_key_are_independent() {
             .body,
         a.body
     );
-    assert_eq!(server.charges().len(), 2);
+    assert_eq!(server.charges().await.len(), 2);
 }
 
 #[tokio::test]
@@ -200,8 +213,8 @@ async fn a_key_reused_with_another_body_is_422() {
         other.problem_type(),
         "urn:tower-once:idempotency:fingerprint-mismatch"
     );
-    assert_eq!(server.charges().len(), 1);
-    assert_eq!(server.charges()[0].amount, 500);
+    assert_eq!(server.charges().await.len(), 1);
+    assert_eq!(server.charges().await[0].amount, 500);
 }
 
 #[tokio::test]
@@ -216,7 +229,7 @@ async fn oversized_body_is_413_and_charges_nothing() {
         answer.problem_type(),
         "urn:tower-once:idempotency:body-too-large"
     );
-    assert!(server.charges().is_empty());
+    assert!(server.charges().await.is_empty());
 }
 
 #[tokio::test]
@@ -235,7 +248,7 @@ async fn missing_and_invalid_keys_are_400_and_charge_nothing() {
         invalid.problem_type(),
         "urn:tower-once:idempotency:invalid-key"
     );
-    assert!(server.charges().is_empty());
+    assert!(server.charges().await.is_empty());
 }
 
 #[tokio::test]
@@ -260,7 +273,7 @@ async fn handler_400_is_stored_and_replayed() {
         .await;
     assert!(again.replayed());
     assert_eq!(again.body, bad.body);
-    assert!(server.charges().is_empty());
+    assert!(server.charges().await.is_empty());
 }
 
 #[tokio::test]
@@ -270,11 +283,11 @@ async fn a_5xx_releases_the_key_so_the_retry_charges_once() {
         .post("/charges?fail=503", Some("flaky"), None, ORDER_A)
         .await;
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(server.charges().is_empty());
+    assert!(server.charges().await.is_empty());
     let retried = server.post("/charges", Some("flaky"), None, ORDER_A).await;
     assert_eq!(retried.status, StatusCode::CREATED);
     assert!(!retried.replayed(), "the retry ran");
-    assert_eq!(server.charges().len(), 1);
+    assert_eq!(server.charges().await.len(), 1);
 }
 
 #[tokio::test]
@@ -320,7 +333,7 @@ async fn a_client_that_disconnects_mid_request_frees_its_key() {
         "the retry ran instead of replaying the abandoned request"
     );
     assert_eq!(
-        server.charges().len(),
+        server.charges().await.len(),
         1,
         "the abandoned request never charged"
     );
@@ -339,7 +352,7 @@ async fn get_passes_through_untouched() {
         assert_eq!(answer.status, StatusCode::OK);
         assert!(!answer.replayed());
         let listed: Vec<Charge> = serde_json::from_slice(&answer.body).unwrap();
-        assert_eq!(listed, server.charges());
+        assert_eq!(listed, server.charges().await);
     }
 }
 

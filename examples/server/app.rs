@@ -24,13 +24,86 @@ pub(crate) struct Charge {
     pub(crate) tenant: String,
 }
 
-/// Every charge made, in order: the effect that must happen once per key.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ledger(Arc<Mutex<Vec<Charge>>>);
+/// Every charge made, in order: the effect that must happen once per key. In memory, or in
+/// Redis so that every server process shares one ledger.
+#[derive(Clone)]
+pub(crate) enum Ledger {
+    Memory(Arc<Mutex<Vec<Charge>>>),
+    #[cfg(feature = "redis")]
+    Redis(tower_once::idempotency::store::redis::ConnectionManager),
+}
+
+#[cfg(feature = "redis")]
+const LEDGER_KEY: &str = "{tower-once-demo}:ledger";
+#[cfg(feature = "redis")]
+const SEQUENCE_KEY: &str = "{tower-once-demo}:sequence";
 
 impl Ledger {
-    pub(crate) fn charges(&self) -> Vec<Charge> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    pub(crate) fn memory() -> Self {
+        Self::Memory(Arc::default())
+    }
+
+    /// Appends a charge, numbering it in the ledger's own sequence.
+    async fn record(
+        &self,
+        order_id: String,
+        amount: u64,
+        tenant: String,
+    ) -> Result<Charge, String> {
+        match self {
+            Self::Memory(charges) => {
+                let mut charges = charges.lock().unwrap_or_else(|e| e.into_inner());
+                let charge = Charge {
+                    charge_id: format!("ch_{:06}", charges.len() + 1),
+                    order_id,
+                    amount,
+                    tenant,
+                };
+                charges.push(charge.clone());
+                Ok(charge)
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis(connection) => {
+                use tower_once::idempotency::store::redis::redis::AsyncCommands;
+                let mut connection = connection.clone();
+                let n: u64 = connection
+                    .incr(SEQUENCE_KEY, 1)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let charge = Charge {
+                    charge_id: format!("ch_{n:06}"),
+                    order_id,
+                    amount,
+                    tenant,
+                };
+                let json = serde_json::to_string(&charge).map_err(|e| e.to_string())?;
+                let _: u64 = connection
+                    .rpush(LEDGER_KEY, json)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(charge)
+            }
+        }
+    }
+
+    /// Every charge, in order.
+    pub(crate) async fn charges(&self) -> Result<Vec<Charge>, String> {
+        match self {
+            Self::Memory(charges) => Ok(charges.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+            #[cfg(feature = "redis")]
+            Self::Redis(connection) => {
+                use tower_once::idempotency::store::redis::redis::AsyncCommands;
+                let entries: Vec<String> = connection
+                    .clone()
+                    .lrange(LEDGER_KEY, 0, -1)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                entries
+                    .iter()
+                    .map(|e| serde_json::from_str(e).map_err(|e| e.to_string()))
+                    .collect()
+            }
+        }
     }
 }
 
@@ -101,22 +174,24 @@ async fn create_charge(
         .and_then(|v| v.to_str().ok())
         .unwrap_or(ANONYMOUS)
         .to_owned();
-    let charge = {
-        let mut charges = ledger.0.lock().unwrap_or_else(|e| e.into_inner());
-        let charge = Charge {
-            charge_id: format!("ch_{:06}", charges.len() + 1),
-            order_id: request.order_id,
-            amount,
-            tenant,
-        };
-        charges.push(charge.clone());
-        charge
-    };
-    (StatusCode::CREATED, Json(charge)).into_response()
+    match ledger.record(request.order_id, amount, tenant).await {
+        Ok(charge) => (StatusCode::CREATED, Json(charge)).into_response(),
+        // A 5xx releases the idempotency key, so the client's retry charges again.
+        Err(e) => unavailable(&e),
+    }
 }
 
-async fn list_charges(State(ledger): State<Ledger>) -> Json<Vec<Charge>> {
-    Json(ledger.charges())
+async fn list_charges(State(ledger): State<Ledger>) -> Response {
+    match ledger.charges().await {
+        Ok(charges) => Json(charges).into_response(),
+        Err(e) => unavailable(&e),
+    }
+}
+
+fn unavailable(error: &str) -> Response {
+    tracing::warn!(target: "server", %error, "ledger unavailable");
+    let body = Json(serde_json::json!({"error": "ledger unavailable"}));
+    (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
 }
 
 fn bad_request(message: &str) -> Response {

@@ -64,11 +64,19 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.redis.is_some() {
-        eprintln!("--redis: not yet (the Redis store is not implemented yet); run without it for the in-memory store");
-        return ExitCode::from(2);
-    }
-    let app = app::router(MemoryStore::new(), args.lease, app::Ledger::default());
+    let (app, store) = match &args.redis {
+        None => (
+            app::router(MemoryStore::new(), args.lease, app::Ledger::memory()),
+            "memory",
+        ),
+        Some(url) => match redis_app(url, args.lease).await {
+            Ok(app) => (app, "redis"),
+            Err(message) => {
+                eprintln!("{message}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -77,7 +85,7 @@ async fn main() -> ExitCode {
         }
     };
     let local = listener.local_addr().map_or(args.addr, |a| a);
-    tracing::info!(target: "server", addr = %local, store = "memory", "listening");
+    tracing::info!(target: "server", addr = %local, store, "listening");
     match axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
@@ -90,4 +98,20 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The router on a Redis store and a Redis ledger, sharing one reconnecting connection.
+#[cfg(feature = "redis")]
+async fn redis_app(url: &str, lease: Duration) -> Result<axum::Router, String> {
+    use tower_once::idempotency::store::redis::RedisStore;
+    let store = RedisStore::connect(url)
+        .await
+        .map_err(|e| format!("--redis {url}: {e}"))?;
+    let ledger = app::Ledger::Redis(store.connection().clone());
+    Ok(app::router(store, lease, ledger))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_app(_url: &str, _lease: Duration) -> Result<axum::Router, String> {
+    Err("--redis needs the redis feature: cargo run --example server --features redis -- --redis URL".into())
 }

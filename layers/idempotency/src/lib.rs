@@ -108,7 +108,7 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85. Raising it is a minor-version change.
+//! 1.88. Raising it is a minor-version change.
 
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

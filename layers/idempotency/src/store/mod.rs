@@ -55,6 +55,9 @@ mod memory;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+#[cfg(feature = "redis")]
+pub mod redis;
+
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 
 use crate::fingerprint::Fingerprint;

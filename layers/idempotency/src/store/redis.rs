@@ -1,0 +1,519 @@
+//! The Redis store (feature `redis`): one set of keys for many replicas, on Redis, Redis Cluster
+//! or Valkey.
+//!
+//! ```no_run
+//! use tower_once_idempotency::store::redis::RedisStore;
+//! use tower_once_idempotency::IdempotencyLayer;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let layer = IdempotencyLayer::with_store(store);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How records are kept
+//!
+//! Each record is one Redis hash under `{prefix}{store key as 64 hex digits}` (default prefix
+//! `tower-once:idem:`), with the fields `s` (state: `p` in progress, `c` completed, `n` not
+//! replayable), `t` (claim token, 16 bytes, only while in progress), `f` (fingerprint, 32
+//! bytes), and once completed `st` (status), `h` (headers, [postcard]-encoded name/value pairs),
+//! `b` (the body, raw bytes) and `tr` (trailers, if any). Leases and retention are the key's
+//! own TTL (`PEXPIRE`), so Redis expires them with no sweeper.
+//!
+//! Every operation is one Lua script touching one key, sent with `EVALSHA` (the scripts are
+//! loaded on first use and again if the server lost its script cache, after a restart for
+//! example). A request through the layer therefore costs: fresh 2 round trips (claim,
+//! complete; plus one renewal per third of the lease for slow handlers), replay 1, conflict 1,
+//! mismatch 1. Because each script names its one key, the same scripts run unchanged on Redis
+//! Cluster (the cluster client routes by key slot) and on Valkey.
+//!
+//! Each command is bounded by a timeout (default 1 s). A command that times out or fails turns
+//! into a [`StoreError`], and the layer answers `503` without running the handler. The default
+//! connection, [`ConnectionManager`], reconnects on its own: once Redis is back, requests
+//! succeed again without a restart.
+//!
+//! # Durability: what Redis can lose
+//!
+//! The store is exactly as durable as the Redis behind it:
+//!
+//! - **A restart without persistence** (no RDB/AOF) empties every record. In-progress claims are
+//!   forgotten (a duplicate arriving while the first is still running then runs too), and so are
+//!   completed ones (a retry after the restart runs the handler again).
+//! - **With AOF `appendfsync everysec`** up to about a second of writes can be lost on a crash,
+//!   with the same effects for the records written in that second.
+//! - **A failover** promotes a replica that may lag its primary (replication is asynchronous):
+//!   claims and completions not yet replicated are lost. `WAIT` is not used, so a completion is
+//!   acknowledged before it reaches a replica.
+//!
+//! When a duplicate effect would be costly even in these windows, make the handler itself
+//! idempotent at its own store (a unique constraint on the key, or fencing its write with the
+//! [`ClaimToken`]).
+
+use super::{
+    ClaimOutcome, ClaimToken, Completion, ExistingRecord, IdempotencyStore, RecordState,
+    StoreError, StoreKey, StoredResponse,
+};
+use crate::fingerprint::Fingerprint;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use redis::aio::ConnectionLike;
+use redis::{Script, Value};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The `redis` client this store is built on, to make connections of the matching version.
+pub use ::redis;
+pub use redis::aio::ConnectionManager;
+pub use redis::cluster_async::ClusterConnection;
+
+/// A boxed store future: the `redis` client's own futures are boxed, so nothing is lost.
+pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// An [`IdempotencyStore`] on Redis, Redis Cluster or Valkey. See the [module docs](self).
+///
+/// `C` is the connection: [`ConnectionManager`] (one server, reconnecting) by default,
+/// [`ClusterConnection`] for a cluster, or any other cloneable `redis` async connection.
+#[derive(Clone)]
+pub struct RedisStore<C = ConnectionManager> {
+    connection: C,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    prefix: String,
+    timeout: Duration,
+    claim: Script,
+    complete: Script,
+    release: Script,
+    extend: Script,
+}
+
+impl<C> fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("connection", &std::any::type_name::<C>())
+            .field("prefix", &self.shared.prefix)
+            .field("timeout", &self.shared.timeout)
+            .finish()
+    }
+}
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "tower-once:idem:";
+
+// KEYS[1] record; ARGV token, fingerprint, lease (ms).
+const CLAIM: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 'f')
+if not r[1] then
+  redis.call('HSET', KEYS[1], 's', 'p', 't', ARGV[1], 'f', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {'claimed'}
+end
+if r[1] == 'p' then
+  return {'p', r[2], redis.call('PTTL', KEYS[1])}
+end
+if r[1] == 'c' then
+  local c = redis.call('HMGET', KEYS[1], 'st', 'h', 'b', 'tr')
+  return {'c', r[2], c[1], c[2], c[3], c[4]}
+end
+return {'n', r[2]}
+";
+
+// KEYS[1] record; ARGV token, retention (ms), kind ('c' or 'n'), status, headers, body,
+// trailers ('' when none).
+const COMPLETE: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 't')
+if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
+if ARGV[3] == 'c' then
+  redis.call('HSET', KEYS[1], 's', 'c', 'st', ARGV[4], 'h', ARGV[5], 'b', ARGV[6])
+  if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'tr', ARGV[7]) end
+else
+  redis.call('HSET', KEYS[1], 's', 'n')
+end
+redis.call('HDEL', KEYS[1], 't')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+// KEYS[1] record; ARGV token.
+const RELEASE: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 't')
+if r[1] == 'p' and r[2] == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+// KEYS[1] record; ARGV token, lease (ms).
+const EXTEND: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 't')
+if r[1] == 'p' and r[2] == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+impl RedisStore<ConnectionManager> {
+    /// Connects to one Redis (or Valkey) server, e.g. `redis://127.0.0.1:6379/0`.
+    ///
+    /// The connection is made lazily and remade on its own after a failure, so this succeeds
+    /// while Redis is still down (requests get `503` until it is up). Fails only on a malformed
+    /// URL.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with_timeout(url, Duration::from_secs(1)).await
+    }
+
+    /// [`connect`](Self::connect) with a per-command timeout other than 1 s.
+    pub async fn connect_with_timeout(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(StoreError::unavailable)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let connection = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(StoreError::unavailable)?;
+        Ok(Self::new(connection).command_timeout(timeout))
+    }
+}
+
+impl RedisStore<ClusterConnection> {
+    /// Connects to a Redis Cluster through any of its nodes, e.g.
+    /// `["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]`.
+    pub async fn connect_cluster<I, T>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let timeout = Duration::from_secs(1);
+        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(StoreError::unavailable)?;
+        let connection = client
+            .get_async_connection()
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(Self::new(connection))
+    }
+}
+
+impl<C> RedisStore<C> {
+    /// A store over an existing connection, with the default prefix and a 1 s command timeout.
+    pub fn new(connection: C) -> Self {
+        Self {
+            connection,
+            shared: Arc::new(Shared {
+                prefix: DEFAULT_PREFIX.to_owned(),
+                timeout: Duration::from_secs(1),
+                claim: Script::new(CLAIM),
+                complete: Script::new(COMPLETE),
+                release: Script::new(RELEASE),
+                extend: Script::new(EXTEND),
+            }),
+        }
+    }
+
+    /// The prefix of every key this store writes. Default `tower-once:idem:`.
+    pub fn key_prefix(self, prefix: impl Into<String>) -> Self {
+        self.map_shared(|shared| shared.prefix = prefix.into())
+    }
+
+    /// The longest a single command may take before it fails with [`StoreError::timeout`].
+    /// Default 1 s.
+    ///
+    /// # Panics
+    ///
+    /// If `timeout` is zero.
+    pub fn command_timeout(self, timeout: Duration) -> Self {
+        assert!(
+            !timeout.is_zero(),
+            "RedisStore::command_timeout must not be zero"
+        );
+        self.map_shared(|shared| shared.timeout = timeout)
+    }
+
+    /// The Redis key of a record.
+    pub fn redis_key(&self, key: StoreKey) -> String {
+        format!("{}{key}", self.shared.prefix)
+    }
+
+    /// The connection.
+    pub fn connection(&self) -> &C {
+        &self.connection
+    }
+
+    fn map_shared(mut self, f: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Shared {
+            prefix: self.shared.prefix.clone(),
+            timeout: self.shared.timeout,
+            claim: Script::new(CLAIM),
+            complete: Script::new(COMPLETE),
+            release: Script::new(RELEASE),
+            extend: Script::new(EXTEND),
+        };
+        f(&mut shared);
+        self.shared = Arc::new(shared);
+        self
+    }
+}
+
+/// Which script to run, with its arguments.
+enum Call {
+    Claim(ClaimToken, Fingerprint, Duration),
+    Complete(ClaimToken, Completion, Duration),
+    Release(ClaimToken),
+    Extend(ClaimToken, Duration),
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn run<T: Send + 'static>(
+        &self,
+        key: StoreKey,
+        call: Call,
+        decode: fn(Value) -> Result<T, StoreError>,
+    ) -> StoreFuture<T> {
+        let mut connection = self.connection.clone();
+        let shared = Arc::clone(&self.shared);
+        let redis_key = self.redis_key(key);
+        Box::pin(async move {
+            let mut invocation = match &call {
+                Call::Claim(..) => shared.claim.key(&redis_key),
+                Call::Complete(..) => shared.complete.key(&redis_key),
+                Call::Release(..) => shared.release.key(&redis_key),
+                Call::Extend(..) => shared.extend.key(&redis_key),
+            };
+            match call {
+                Call::Claim(token, fingerprint, lease) => invocation
+                    .arg(token.as_uuid().as_bytes().as_slice())
+                    .arg(fingerprint.as_bytes().as_slice())
+                    .arg(millis(lease)),
+                Call::Complete(token, completion, retention) => {
+                    invocation
+                        .arg(token.as_uuid().as_bytes().as_slice())
+                        .arg(millis(retention));
+                    match completion {
+                        Completion::Response(response) => invocation
+                            .arg("c")
+                            .arg(response.status.as_u16())
+                            .arg(encode_headers(&response.headers)?)
+                            .arg(response.body.as_ref())
+                            .arg(match &response.trailers {
+                                Some(trailers) => encode_headers(trailers)?,
+                                None => Vec::new(),
+                            }),
+                        Completion::NotReplayable => invocation.arg("n"),
+                    }
+                }
+                Call::Release(token) => invocation.arg(token.as_uuid().as_bytes().as_slice()),
+                Call::Extend(token, lease) => invocation
+                    .arg(token.as_uuid().as_bytes().as_slice())
+                    .arg(millis(lease)),
+            };
+            let value = tokio::time::timeout(
+                shared.timeout,
+                invocation.invoke_async::<Value>(&mut connection),
+            )
+            .await
+            .map_err(|_| StoreError::timeout())?
+            .map_err(StoreError::unavailable)?;
+            decode(value)
+        })
+    }
+}
+
+impl<C> IdempotencyStore for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type ClaimFuture = StoreFuture<ClaimOutcome>;
+    type CompleteFuture = StoreFuture<bool>;
+    type ReleaseFuture = StoreFuture<bool>;
+    type ExtendFuture = StoreFuture<bool>;
+
+    fn claim(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Self::ClaimFuture {
+        self.run(key, Call::Claim(token, fingerprint, lease), decode_claim)
+    }
+
+    fn complete(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        completion: Completion,
+        retention: Duration,
+    ) -> Self::CompleteFuture {
+        self.run(
+            key,
+            Call::Complete(token, completion, retention),
+            decode_flag,
+        )
+    }
+
+    fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
+        self.run(key, Call::Release(token), decode_flag)
+    }
+
+    fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
+        self.run(key, Call::Extend(token, lease), decode_flag)
+    }
+}
+
+/// Milliseconds, at least 1 (`PEXPIRE 0` would delete the key at once).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+fn encode_headers(headers: &HeaderMap) -> Result<Vec<u8>, StoreError> {
+    let pairs: Vec<(&str, &[u8])> = headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect();
+    postcard::to_allocvec(&pairs).map_err(StoreError::corrupt)
+}
+
+fn decode_headers(bytes: &[u8]) -> Result<HeaderMap, StoreError> {
+    let pairs: Vec<(&str, &[u8])> = postcard::from_bytes(bytes).map_err(StoreError::corrupt)?;
+    let mut headers = HeaderMap::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        headers.append(
+            HeaderName::from_bytes(name.as_bytes()).map_err(StoreError::corrupt)?,
+            HeaderValue::from_bytes(value).map_err(StoreError::corrupt)?,
+        );
+    }
+    Ok(headers)
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::corrupt(format!("unexpected reply from the claim script: {what}"))
+}
+
+fn bulk(value: Option<Value>) -> Option<Vec<u8>> {
+    match value? {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+fn decode_flag(value: Value) -> Result<bool, StoreError> {
+    match value {
+        Value::Int(flag) => Ok(flag == 1),
+        _ => Err(StoreError::corrupt(
+            "expected an integer reply from a store script",
+        )),
+    }
+}
+
+fn decode_claim(value: Value) -> Result<ClaimOutcome, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt("not an array"));
+    };
+    let mut items = items.into_iter();
+    let state = bulk(items.next()).ok_or_else(|| corrupt("no state"))?;
+    if state == b"claimed" {
+        return Ok(ClaimOutcome::Claimed);
+    }
+    let fingerprint = bulk(items.next())
+        .and_then(|f| <[u8; 32]>::try_from(f.as_slice()).ok())
+        .map(Fingerprint::from_bytes)
+        .ok_or_else(|| corrupt("bad fingerprint"))?;
+    let state = match state.as_slice() {
+        b"p" => {
+            let remaining = match items.next() {
+                Some(Value::Int(ms)) => Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+                _ => return Err(corrupt("bad lease")),
+            };
+            RecordState::InProgress {
+                lease_remaining: remaining,
+            }
+        }
+        b"c" => {
+            let status = bulk(items.next())
+                .and_then(|s| StatusCode::from_bytes(&s).ok())
+                .ok_or_else(|| corrupt("bad status"))?;
+            let headers =
+                decode_headers(&bulk(items.next()).ok_or_else(|| corrupt("no headers"))?)?;
+            let body = Bytes::from(bulk(items.next()).ok_or_else(|| corrupt("no body"))?);
+            let trailers = match bulk(items.next()) {
+                Some(bytes) => Some(decode_headers(&bytes)?),
+                None => None,
+            };
+            RecordState::Completed(StoredResponse {
+                status,
+                headers,
+                body,
+                trailers,
+            })
+        }
+        b"n" => RecordState::NotReplayable,
+        _ => return Err(corrupt("unknown state")),
+    };
+    Ok(ClaimOutcome::Existing(ExistingRecord {
+        fingerprint,
+        state,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_with_repeats_and_binary_values() {
+        let mut headers = HeaderMap::new();
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("set-cookie", HeaderValue::from_static("b=2"));
+        headers.insert(
+            "x-bin",
+            HeaderValue::from_bytes(&[0x80, 0xfe, b'z']).unwrap(),
+        );
+        let decoded = decode_headers(&encode_headers(&headers).unwrap()).unwrap();
+        assert_eq!(decoded, headers);
+        assert_eq!(
+            decode_headers(&encode_headers(&HeaderMap::new()).unwrap())
+                .unwrap()
+                .len(),
+            0
+        );
+    }
+
+    #[test]
+    fn malformed_replies_are_corrupt_errors_not_panics() {
+        for value in [
+            Value::Nil,
+            Value::Array(vec![]),
+            Value::Array(vec![Value::BulkString(b"c".to_vec())]),
+            Value::Array(vec![
+                Value::BulkString(b"p".to_vec()),
+                Value::BulkString(vec![1; 32]),
+            ]),
+            Value::Array(vec![
+                Value::BulkString(b"x".to_vec()),
+                Value::BulkString(vec![1; 32]),
+            ]),
+        ] {
+            assert!(decode_claim(value).unwrap_err().is_corrupt());
+        }
+        assert!(decode_headers(b"\xff\xff\xff").unwrap_err().is_corrupt());
+        assert_eq!(millis(Duration::ZERO), 1);
+    }
+}
