@@ -34,7 +34,7 @@
 //! | `idempotency` | yes     | [`idempotency`]: `IdempotencyLayer` and the in-memory store |
 //! | `retry`       | no      | `retry` (placeholder, not implemented yet) |
 //! | `timeout`     | no      | `timeout` (placeholder, not implemented yet) |
-//! | `redis`       | no      | the Redis store (not implemented yet; today it only enables `idempotency`) |
+//! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `full`        | no      | all of the above |
 //!
 //! # Minimum supported Rust version

@@ -80,8 +80,8 @@
 //! # Stores
 //!
 //! [`MemoryStore`](store::MemoryStore) (the default) is bounded, expires by TTL and serves one
-//! process. Several replicas share keys through the Redis store of `tower-once` (feature
-//! `redis`). Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
+//! process. Several replicas share keys through `RedisStore` (feature `redis`), on Redis, Redis
+//! Cluster or Valkey. Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
 //! contract and a conformance suite are in [`store`].
 //!
 //! # Observability
@@ -104,6 +104,7 @@
 //!
 //! | feature       | enables |
 //! |---------------|---------|
+//! | `redis`       | `store::redis`: `RedisStore` for Redis, Redis Cluster and Valkey |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
 //!
 //! # Minimum supported Rust version

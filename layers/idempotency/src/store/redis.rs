@@ -106,8 +106,9 @@ impl<C> fmt::Debug for RedisStore<C> {
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tower-once:idem:";
 
-// KEYS[1] record; ARGV token, fingerprint, lease (ms).
-const CLAIM: &str = r"
+/// The claim script. `KEYS[1]` the record; `ARGV` token, fingerprint, lease in ms. Claims a
+/// free key, or returns the record that holds it.
+pub const CLAIM_SCRIPT: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 'f')
 if not r[1] then
   redis.call('HSET', KEYS[1], 's', 'p', 't', ARGV[1], 'f', ARGV[2])
@@ -124,9 +125,9 @@ end
 return {'n', r[2]}
 ";
 
-// KEYS[1] record; ARGV token, retention (ms), kind ('c' or 'n'), status, headers, body,
-// trailers ('' when none).
-const COMPLETE: &str = r"
+/// The complete script. `KEYS[1]` the record; `ARGV` token, retention in ms, kind (`c` or
+/// `n`), status, headers, body, trailers (empty when none). Fenced by the token.
+pub const COMPLETE_SCRIPT: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 't')
 if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
 if ARGV[3] == 'c' then
@@ -140,8 +141,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ";
 
-// KEYS[1] record; ARGV token.
-const RELEASE: &str = r"
+/// The release script. `KEYS[1]` the record; `ARGV` token. Fenced by the token.
+pub const RELEASE_SCRIPT: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 't')
 if r[1] == 'p' and r[2] == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -150,8 +151,8 @@ end
 return 0
 ";
 
-// KEYS[1] record; ARGV token, lease (ms).
-const EXTEND: &str = r"
+/// The extend script. `KEYS[1]` the record; `ARGV` token, lease in ms. Fenced by the token.
+pub const EXTEND_SCRIPT: &str = r"
 local r = redis.call('HMGET', KEYS[1], 's', 't')
 if r[1] == 'p' and r[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -214,10 +215,10 @@ impl<C> RedisStore<C> {
             shared: Arc::new(Shared {
                 prefix: DEFAULT_PREFIX.to_owned(),
                 timeout: Duration::from_secs(1),
-                claim: Script::new(CLAIM),
-                complete: Script::new(COMPLETE),
-                release: Script::new(RELEASE),
-                extend: Script::new(EXTEND),
+                claim: Script::new(CLAIM_SCRIPT),
+                complete: Script::new(COMPLETE_SCRIPT),
+                release: Script::new(RELEASE_SCRIPT),
+                extend: Script::new(EXTEND_SCRIPT),
             }),
         }
     }
@@ -255,10 +256,10 @@ impl<C> RedisStore<C> {
         let mut shared = Shared {
             prefix: self.shared.prefix.clone(),
             timeout: self.shared.timeout,
-            claim: Script::new(CLAIM),
-            complete: Script::new(COMPLETE),
-            release: Script::new(RELEASE),
-            extend: Script::new(EXTEND),
+            claim: Script::new(CLAIM_SCRIPT),
+            complete: Script::new(COMPLETE_SCRIPT),
+            release: Script::new(RELEASE_SCRIPT),
+            extend: Script::new(EXTEND_SCRIPT),
         };
         f(&mut shared);
         self.shared = Arc::new(shared);
