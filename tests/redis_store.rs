@@ -218,6 +218,44 @@ async fn redis_down_fails_closed_and_recovers_without_restart() {
     );
 }
 
+#[tokio::test]
+async fn a_frozen_redis_times_out_into_503_and_recovers() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let store = RedisStore::connect_with_timeout(&redis.url(), timeout)
+        .await
+        .unwrap();
+    let (handler, runs) = counting_handler(Duration::ZERO);
+    let svc = IdempotencyLayer::with_store(store).layer(handler);
+    assert_eq!(
+        call(svc.clone(), "before", "x").await.0,
+        StatusCode::CREATED
+    );
+
+    redis.signal("-STOP");
+    let started = std::time::Instant::now();
+    let (status, _) = call(svc.clone(), "frozen", "x").await;
+    let waited = started.elapsed();
+    redis.signal("-CONT");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        waited < Duration::from_secs(5),
+        "bounded by the command timeout, not hung: {waited:?}"
+    );
+    assert_eq!(runs.load(SeqCst), 1, "no handler ran without a claim");
+
+    let mut recovered = false;
+    for _ in 0..100 {
+        if call(svc.clone(), "after", "x").await.0 == StatusCode::CREATED {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recovered);
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
 type Handler = tower::util::BoxCloneSyncService<
     Request<RequestBody<Full<Bytes>>>,
     Response<Full<Bytes>>,

@@ -89,6 +89,17 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) the server: a Redis that accepts connections but
+    /// answers nothing, like one stuck in a long command or behind a stalled network.
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
     /// Runs `redis-cli` against this server and returns its standard output.
     pub(crate) fn cli(&self, args: &[&str]) -> String {
         redis_cli(self.port, args)

@@ -27,7 +27,9 @@
 //! example). A request through the layer therefore costs: fresh 2 round trips (claim,
 //! complete; plus one renewal per third of the lease for slow handlers), replay 1, conflict 1,
 //! mismatch 1. Because each script names its one key, the same scripts run unchanged on Redis
-//! Cluster (the cluster client routes by key slot) and on Valkey.
+//! Cluster (the cluster client routes by key slot; tested on a local three-master cluster) and
+//! use only commands Valkey shares with Redis 7 (Valkey itself is not in this project's test
+//! matrix yet).
 //!
 //! Each command is bounded by a timeout (default 1 s). A command that times out or fails turns
 //! into a [`StoreError`], and the layer answers `503` without running the handler. The default
