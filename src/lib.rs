@@ -8,8 +8,10 @@
 //! - [`idempotency`]: the server side. [`IdempotencyLayer`](idempotency::IdempotencyLayer) reads
 //!   the `Idempotency-Key` header, runs the handler once per key and replays the stored response
 //!   to retries.
-//! - `retry` and `timeout`: the client side (safe, budgeted retries and deadline-aware timeouts)
-//!   are being built; their crates are placeholders today.
+//! - [`timeout`] (feature `timeout`): per-call caps that respect the remaining operation
+//!   [`Deadline`](timeout::Deadline), for any service, HTTP clients and servers, with
+//!   `grpc-timeout` in both directions.
+//! - `retry`: safe, budgeted retries are being built; its crate is a placeholder today.
 //!
 //! # Example
 //!
@@ -33,7 +35,7 @@
 //! |---------------|---------|---------|
 //! | `idempotency` | yes     | [`idempotency`]: `IdempotencyLayer` and the in-memory store |
 //! | `retry`       | no      | `retry` (placeholder, not implemented yet) |
-//! | `timeout`     | no      | `timeout` (placeholder, not implemented yet) |
+//! | `timeout`     | no      | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `full`        | no      | all of the above |
 //!

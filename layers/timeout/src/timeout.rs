@@ -1,0 +1,194 @@
+use crate::deadline::Deadline;
+use crate::error::{Elapsed, TimeoutError};
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// Caps each call of the inner service at a wall-clock limit, or at the remaining
+/// [`Deadline`] when that is sooner. See the [crate docs](crate).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_once_timeout::TimeoutLayer;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let svc = ServiceBuilder::new()
+///     .layer(TimeoutLayer::new(Duration::from_millis(200)))
+///     .service_fn(|prompt: String| async move {
+///         tokio::time::sleep(Duration::from_secs(5)).await; // a slow LLM call
+///         Ok::<_, std::convert::Infallible>(prompt)
+///     });
+/// let err = svc.oneshot("hello".to_owned()).await.unwrap_err();
+/// assert!(err.is_elapsed());
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct TimeoutLayer {
+    limit: Duration,
+}
+
+impl TimeoutLayer {
+    /// A layer that caps every call at `limit`.
+    pub const fn new(limit: Duration) -> Self {
+        Self { limit }
+    }
+}
+
+impl<S> Layer<S> for TimeoutLayer {
+    type Service = Timeout<S>;
+
+    fn layer(&self, inner: S) -> Timeout<S> {
+        Timeout::new(inner, self.limit)
+    }
+}
+
+/// Middleware that caps each call at a limit or the remaining deadline; built by
+/// [`TimeoutLayer`].
+#[derive(Debug, Clone)]
+pub struct Timeout<S> {
+    inner: S,
+    limit: Duration,
+}
+
+impl<S> Timeout<S> {
+    /// Wraps `inner`, capping every call at `limit`.
+    pub const fn new(inner: S, limit: Duration) -> Self {
+        Self { inner, limit }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// How long a call may take: the smaller of the limit and what is left of the deadline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    pub(crate) until: Instant,
+    pub(crate) elapsed: Elapsed,
+}
+
+impl Budget {
+    pub(crate) fn new(limit: Duration, deadline: Option<Deadline>) -> Self {
+        let now = Instant::now();
+        match deadline {
+            Some(deadline) if deadline.instant() < now + limit => Self {
+                until: deadline.instant(),
+                elapsed: Elapsed::new(deadline.instant().saturating_duration_since(now), true),
+            },
+            _ => Self {
+                until: now + limit,
+                elapsed: Elapsed::new(limit, false),
+            },
+        }
+    }
+
+    /// Whether nothing is left: the inner service must not be called at all.
+    pub(crate) fn is_spent(&self) -> bool {
+        self.until <= Instant::now()
+    }
+}
+
+impl<S, Req> Service<Req> for Timeout<S>
+where
+    S: Service<Req>,
+{
+    type Response = S::Response;
+    type Error = TimeoutError<S::Error>;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(TimeoutError::inner)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let budget = Budget::new(self.limit, Deadline::current());
+        if budget.is_spent() {
+            return ResponseFuture::spent(budget.elapsed);
+        }
+        // Inner layers and transports see this call's own, tighter, deadline.
+        let inner = Deadline::at(budget.until).scope(|| self.inner.call(req));
+        ResponseFuture::new(inner, budget)
+    }
+}
+
+pin_project! {
+    /// Response future of [`Timeout`].
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Running { #[pin] inner: F, #[pin] sleep: Sleep, elapsed: Elapsed },
+        Spent { elapsed: Elapsed },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(inner: F, budget: Budget) -> Self {
+        Self {
+            kind: Kind::Running {
+                inner,
+                sleep: tokio::time::sleep_until(budget.until),
+                elapsed: budget.elapsed,
+            },
+        }
+    }
+
+    pub(crate) fn spent(elapsed: Elapsed) -> Self {
+        Self {
+            kind: Kind::Spent { elapsed },
+        }
+    }
+}
+
+impl<F, T, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    type Output = Result<T, TimeoutError<E>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Running {
+                inner,
+                sleep,
+                elapsed,
+            } => {
+                // NOTE: the inner future is polled first, so a result that is ready in the same
+                // poll as the timer wins (as in tower::timeout).
+                if let Poll::Ready(result) = inner.poll(cx) {
+                    return Poll::Ready(result.map_err(TimeoutError::inner));
+                }
+                match sleep.poll(cx) {
+                    Poll::Ready(()) => {
+                        tracing::debug!(limit = ?elapsed.limit(), deadline = elapsed.is_deadline(), "call timed out");
+                        Poll::Ready(Err((*elapsed).into()))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            KindProj::Spent { elapsed } => {
+                tracing::debug!("deadline already spent; inner service not called");
+                Poll::Ready(Err((*elapsed).into()))
+            }
+        }
+    }
+}
