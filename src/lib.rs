@@ -11,7 +11,9 @@
 //! - [`timeout`] (feature `timeout`): per-call caps that respect the remaining operation
 //!   [`Deadline`](timeout::Deadline), for any service, HTTP clients and servers, with
 //!   `grpc-timeout` in both directions.
-//! - `retry`: safe, budgeted retries are being built; its crate is a placeholder today.
+//! - [`retry`] (feature `retry`): classified retries with jittered backoff, `Retry-After`, one
+//!   deadline across attempts and a shared retry budget, for any service whose requests are
+//!   `Clone`. Replaying non-`Clone` HTTP bodies and idempotency-key stamping are not there yet.
 //!
 //! # Example
 //!
@@ -34,7 +36,7 @@
 //! | feature       | default | enables |
 //! |---------------|---------|---------|
 //! | `idempotency` | yes     | [`idempotency`]: `IdempotencyLayer` and the in-memory store |
-//! | `retry`       | no      | `retry` (placeholder, not implemented yet) |
+//! | `retry`       | no      | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | no      | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `full`        | no      | all of the above |

@@ -1,8 +1,89 @@
-//! The `RetryLayer` of tower-once: not implemented yet.
+//! Safe, bounded, storm-proof retries for any tower service.
 //!
-//! This crate reserves the name and its place in the workspace. The layer it will hold
-//! (classified, budgeted, deadline-bound retries with replayable bodies) is specified in the
-//! project's design notes and tracked as an open issue; nothing here is usable today.
+//! [`RetryLayer`] calls the inner service again when an outcome is transient, and stops when
+//! another attempt cannot help or would cost too much:
+//!
+//! - **Classification** returns an [`Action`](classify::Action): success, retry (optionally
+//!   after a delay the server asked for), or stop. [`classify::RetryOnError`] is the default;
+//!   [`classify::HttpClassifier`] knows HTTP statuses, `Retry-After` and gRPC status codes.
+//! - **Backoff**: exponential with jitter ([`backoff`]); a server's `Retry-After` replaces it
+//!   for one wait, capped.
+//! - **One deadline** for the whole operation (attempts and waits). The layer never sleeps past
+//!   it: when the next wait would end beyond it, it returns the last outcome at once. Each
+//!   attempt's `call` runs inside the [`Deadline`](tower_once_timeout::Deadline)'s scope, so a
+//!   `TimeoutLayer` below caps each attempt at what is left.
+//! - **A retry budget** shared by every clone of the layer ([`budget`]): a total outage adds
+//!   about 20 % load, not four times as much.
+//! - **Nested layers do not multiply**: a `Retry` called inside another's attempt makes one
+//!   attempt and leaves retrying to the outer one.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_once_retry::RetryLayer;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let counter = calls.clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(RetryLayer::new().max_attempts(3))
+//!     .service_fn(move |job: &'static str| {
+//!         let n = counter.fetch_add(1, Ordering::SeqCst);
+//!         async move { if n < 2 { Err("busy") } else { Ok(job) } }
+//!     });
+//! assert_eq!(svc.oneshot("resize image").await.unwrap(), "resize image");
+//! assert_eq!(calls.load(Ordering::SeqCst), 3);
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! | after an attempt | the layer |
+//! |---|---|
+//! | classified success or stop | returns the outcome (an `Err` as [`RetryError`] with [`GiveUp::NotRetryable`]) |
+//! | retry, but the attempt limit is reached | returns the outcome ([`GiveUp::Exhausted`]) |
+//! | retry, but the wait would end past the deadline | returns the outcome at once ([`GiveUp::Deadline`]) |
+//! | retry, but the budget refuses | returns the outcome ([`GiveUp::Budget`]) |
+//! | retry | calls the hook, waits, drives the service to readiness, calls it again with a clone of the request |
+//!
+//! A response that classified as retryable (a `503`, say) is returned as `Ok` when the layer
+//! gives up: the caller sees the last real answer. Requests must be `Clone` here: one clone per
+//! attempt.
+//!
+//! # Differences from tower::retry
+//!
+//! tower's `Retry` asks a `Policy` for a bool-like decision and leaves backoff, deadlines,
+//! `Retry-After` and request cloning to each user; its `TpsBudget` is a separate piece. Here
+//! they are one layer with defaults, and the error keeps the inner error's type.
+//!
+//! # Not yet
+//!
+//! HTTP requests with bodies that are not `Clone` (hyper's `Incoming`, axum's `Body`) are not
+//! supported yet: buffering them for replay, the safe-method rule and idempotency-key stamping
+//! are still to come.
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.88. Raising it is a minor-version change.
 
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod backoff;
+pub mod budget;
+pub mod classify;
+mod error;
+mod future;
+pub mod hook;
+mod layer;
+mod service;
+
+pub use self::error::{GiveUp, RetryError};
+pub use self::future::ResponseFuture;
+pub use self::layer::RetryLayer;
+pub use self::service::Retry;

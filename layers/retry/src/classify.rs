@@ -1,0 +1,336 @@
+//! Deciding what an outcome means: done, worth another attempt (perhaps after a delay the server
+//! asked for), or final.
+//!
+//! A classifier returns an [`Action`], not a bool, so a server's `Retry-After` or gRPC's
+//! `grpc-retry-pushback-ms` travels with the decision. Any `Fn(&Result<Res, E>) -> Action` is a
+//! [`Classify`].
+//!
+//! [`HttpClassifier`], for `http::Response` outcomes:
+//!
+//! | outcome | action |
+//! |---|---|
+//! | `Err(_)` (transport, connect, [`Elapsed`](tower_once_timeout::Elapsed)) | retry |
+//! | 408, 429, 500, 502, 503, 504 | retry, after `Retry-After` if sent |
+//! | 409 with `Retry-After` (an idempotency server: "still in progress") | retry after it |
+//! | `grpc-status` 14 `UNAVAILABLE` or 8 `RESOURCE_EXHAUSTED` | retry, after `grpc-retry-pushback-ms` if sent; a negative or malformed pushback stops |
+//! | anything else (2xx, 3xx, other 4xx and 5xx, other gRPC codes) | success or stop: returned as is |
+//!
+//! gRPC status is read from the response headers (trailers-only responses, which is how servers
+//! answer failed unary calls); a status sent only in trailers is not seen.
+
+use http::{HeaderMap, Response, StatusCode};
+use std::time::{Duration, SystemTime};
+
+/// What to do with an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Done: return it.
+    Success,
+    /// Transient: try again, after `after` if the server said how long to wait.
+    Retry {
+        /// The server's requested delay (`Retry-After`, gRPC pushback); `None` uses the backoff.
+        after: Option<Duration>,
+    },
+    /// Final: another attempt cannot succeed. Return it.
+    Stop,
+}
+
+/// Classifies an outcome. See the [module docs](self).
+///
+/// ```
+/// use tower_once_retry::classify::{Action, Classify};
+///
+/// // Retry errors, but only those that say they are transient.
+/// let transient = |r: &Result<u32, std::io::Error>| match r {
+///     Ok(_) => Action::Success,
+///     Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Action::Retry { after: None },
+///     Err(_) => Action::Stop,
+/// };
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// assert_eq!(transient.classify(&Err(refused)), Action::Retry { after: None });
+/// ```
+pub trait Classify<Res, E> {
+    /// The action for `outcome`.
+    fn classify(&self, outcome: &Result<Res, E>) -> Action;
+}
+
+impl<F, Res, E> Classify<Res, E> for F
+where
+    F: Fn(&Result<Res, E>) -> Action,
+{
+    fn classify(&self, outcome: &Result<Res, E>) -> Action {
+        self(outcome)
+    }
+}
+
+/// The default for non-HTTP services: `Ok` is success, every `Err` is retried.
+///
+/// ```
+/// use tower_once_retry::classify::{Action, Classify, RetryOnError};
+///
+/// assert_eq!(RetryOnError.classify(&Ok::<_, ()>(1)), Action::Success);
+/// assert_eq!(RetryOnError.classify(&Err::<(), _>("boom")), Action::Retry { after: None });
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetryOnError;
+
+impl<Res, E> Classify<Res, E> for RetryOnError {
+    fn classify(&self, outcome: &Result<Res, E>) -> Action {
+        match outcome {
+            Ok(_) => Action::Success,
+            Err(_) => Action::Retry { after: None },
+        }
+    }
+}
+
+/// The default for HTTP and gRPC: see the [module docs](self).
+///
+/// ```
+/// use tower_once_retry::classify::{Action, Classify, HttpClassifier};
+///
+/// let response = |status: u16, retry_after: Option<&str>| {
+///     let mut builder = http::Response::builder().status(status);
+///     if let Some(after) = retry_after {
+///         builder = builder.header("retry-after", after);
+///     }
+///     Ok::<_, ()>(builder.body(()).unwrap())
+/// };
+/// let c = HttpClassifier::default();
+/// assert_eq!(c.classify(&response(200, None)), Action::Success);
+/// assert_eq!(c.classify(&response(400, None)), Action::Stop);
+/// assert_eq!(c.classify(&response(503, None)), Action::Retry { after: None });
+/// assert_eq!(
+///     c.classify(&response(429, Some("2"))),
+///     Action::Retry { after: Some(std::time::Duration::from_secs(2)) }
+/// );
+/// assert_eq!(c.classify(&response(409, None)), Action::Stop);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HttpClassifier;
+
+impl<B, E> Classify<Response<B>, E> for HttpClassifier {
+    fn classify(&self, outcome: &Result<Response<B>, E>) -> Action {
+        let response = match outcome {
+            Ok(response) => response,
+            Err(_) => return Action::Retry { after: None },
+        };
+        let headers = response.headers();
+        if let Some(code) = headers.get("grpc-status") {
+            return match code.as_bytes() {
+                b"0" => Action::Success,
+                b"14" | b"8" => grpc_pushback(headers),
+                _ => Action::Stop,
+            };
+        }
+        let status = response.status();
+        match status {
+            StatusCode::REQUEST_TIMEOUT
+            | StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::INTERNAL_SERVER_ERROR
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT => Action::Retry {
+                after: retry_after(headers, SystemTime::now()),
+            },
+            StatusCode::CONFLICT => match retry_after(headers, SystemTime::now()) {
+                Some(after) => Action::Retry { after: Some(after) },
+                None => Action::Stop,
+            },
+            s if s.is_success() || s.is_informational() || s.is_redirection() => Action::Success,
+            _ => Action::Stop,
+        }
+    }
+}
+
+/// gRPC A6: a pushback of `n >= 0` ms retries after it; a negative or malformed one stops.
+fn grpc_pushback(headers: &HeaderMap) -> Action {
+    match headers.get("grpc-retry-pushback-ms") {
+        None => Action::Retry { after: None },
+        Some(value) => match value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+        {
+            Some(ms) if ms >= 0 => Action::Retry {
+                after: Some(Duration::from_millis(ms.unsigned_abs())),
+            },
+            _ => Action::Stop,
+        },
+    }
+}
+
+/// The delay a `Retry-After` header asks for, relative to `now` for the HTTP-date form.
+///
+/// Accepts delta-seconds (`120`) and an HTTP-date (`Wed, 21 Oct 2015 07:28:00 GMT`); a date in
+/// the past means "now" (zero). Anything else is ignored (`None`), as RFC 9110 asks.
+///
+/// ```
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// use tower_once_retry::classify::retry_after;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("retry-after", "120".parse().unwrap());
+/// assert_eq!(retry_after(&headers, SystemTime::now()), Some(Duration::from_secs(120)));
+///
+/// let now = UNIX_EPOCH + Duration::from_secs(1_445_412_400); // Wed, 21 Oct 2015 07:26:40 GMT
+/// headers.insert("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
+/// assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(80)));
+/// ```
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Absurdly long values saturate rather than fail; the caller caps the wait anyway.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    fn classify(status: u16, pairs: &[(&'static str, &str)]) -> Action {
+        let mut res = Response::new(());
+        *res.status_mut() = StatusCode::from_u16(status).unwrap();
+        *res.headers_mut() = headers(pairs);
+        HttpClassifier.classify(&Ok::<_, ()>(res))
+    }
+
+    #[test]
+    fn http_statuses() {
+        for s in [408, 429, 500, 502, 503, 504] {
+            assert_eq!(classify(s, &[]), Action::Retry { after: None }, "{s}");
+        }
+        for s in [200, 201, 204, 301, 304] {
+            assert_eq!(classify(s, &[]), Action::Success, "{s}");
+        }
+        for s in [400, 401, 403, 404, 409, 410, 422, 501, 505] {
+            assert_eq!(classify(s, &[]), Action::Stop, "{s}");
+        }
+        let after = Some(Duration::from_secs(3));
+        assert_eq!(
+            classify(409, &[("retry-after", "3")]),
+            Action::Retry { after }
+        );
+        assert_eq!(
+            classify(503, &[("retry-after", "3")]),
+            Action::Retry { after }
+        );
+        assert_eq!(
+            classify(503, &[("retry-after", "soon")]),
+            Action::Retry { after: None }
+        );
+        assert_eq!(
+            HttpClassifier.classify(&Err::<Response<()>, _>("reset")),
+            Action::Retry { after: None }
+        );
+    }
+
+    #[test]
+    fn grpc_statuses_and_pushback() {
+        assert_eq!(classify(200, &[("grpc-status", "0")]), Action::Success);
+        assert_eq!(
+            classify(200, &[("grpc-status", "14")]),
+            Action::Retry { after: None }
+        );
+        assert_eq!(
+            classify(200, &[("grpc-status", "8")]),
+            Action::Retry { after: None }
+        );
+        assert_eq!(
+            classify(200, &[("grpc-status", "3")]),
+            Action::Stop,
+            "INVALID_ARGUMENT"
+        );
+        assert_eq!(
+            classify(200, &[("grpc-status", "4")]),
+            Action::Stop,
+            "DEADLINE_EXCEEDED"
+        );
+        let pushback = |v| classify(200, &[("grpc-status", "14"), ("grpc-retry-pushback-ms", v)]);
+        assert_eq!(
+            pushback("250"),
+            Action::Retry {
+                after: Some(Duration::from_millis(250))
+            }
+        );
+        assert_eq!(
+            pushback("-1"),
+            Action::Stop,
+            "negative pushback: do not retry"
+        );
+        assert_eq!(pushback("abc"), Action::Stop);
+    }
+
+    #[test]
+    fn retry_after_dates() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let h = |v| headers(&[("retry-after", v)]);
+        assert_eq!(
+            retry_after(&h("Sun, 06 Nov 1994 08:49:47 GMT"), now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after(&h("Sun, 06 Nov 1994 08:00:00 GMT"), now),
+            Some(Duration::ZERO),
+            "past"
+        );
+        assert_eq!(
+            retry_after(&h("Sunday, 06-Nov-94 08:49:47 GMT"), now),
+            Some(Duration::from_secs(10)),
+            "RFC 850"
+        );
+        assert_eq!(
+            retry_after(&h("Sun Nov  6 08:49:47 1994"), now),
+            Some(Duration::from_secs(10)),
+            "asctime"
+        );
+        assert_eq!(retry_after(&h("0"), now), Some(Duration::ZERO));
+        for bad in ["-5", "1.5", "tomorrow", ""] {
+            assert_eq!(retry_after(&h(bad), now), None, "{bad:?}");
+        }
+        assert_eq!(
+            retry_after(&h("99999999999999999999999"), now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn delta_seconds_round_trip(secs in 0u64..10_000_000) {
+            let h = headers(&[("retry-after", &secs.to_string())]);
+            prop_assert_eq!(retry_after(&h, SystemTime::now()), Some(Duration::from_secs(secs)));
+        }
+
+        #[test]
+        fn http_dates_round_trip(offset in 0u64..1_000_000) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+            let date = httpdate::fmt_http_date(now + Duration::from_secs(offset));
+            let h = headers(&[("retry-after", &date)]);
+            prop_assert_eq!(retry_after(&h, now), Some(Duration::from_secs(offset)));
+        }
+
+        #[test]
+        fn arbitrary_values_never_panic(value in "[ -~]{0,40}") {
+            if let Ok(v) = value.parse() {
+                let mut h = HeaderMap::new();
+                h.insert("retry-after", v);
+                let _ = retry_after(&h, SystemTime::now());
+            }
+        }
+    }
+}

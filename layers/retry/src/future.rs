@@ -1,0 +1,194 @@
+use crate::classify::{Action, Classify};
+use crate::error::{GiveUp, RetryError};
+use crate::hook::{OnRetry, RetryEvent, Stats};
+use crate::layer::Config;
+use crate::service::in_attempt;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+
+pin_project! {
+    /// Response future of [`Retry`](crate::Retry).
+    pub struct ResponseFuture<S, Req, C, H>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S::Future>,
+        operation: Option<Operation<S, Req, C, H>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Calling { #[pin] future: F },
+        Waiting { #[pin] sleep: Sleep },
+        Readying,
+        Passthrough { #[pin] future: F },
+    }
+}
+
+/// Everything one logical operation needs between attempts.
+pub(crate) struct Operation<S, Req, C, H> {
+    pub(crate) service: S,
+    pub(crate) request: Req,
+    pub(crate) config: Arc<Config<C, H>>,
+    pub(crate) deadline: Deadline,
+    pub(crate) attempt: u32,
+    pub(crate) previous_delay: Duration,
+    pub(crate) rng: fastrand::Rng,
+}
+
+impl<S, Req, C, H> ResponseFuture<S, Req, C, H>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn new(first: S::Future, operation: Operation<S, Req, C, H>) -> Self {
+        Self {
+            state: State::Calling { future: first },
+            operation: Some(operation),
+        }
+    }
+
+    pub(crate) fn passthrough(future: S::Future) -> Self {
+        Self {
+            state: State::Passthrough { future },
+            operation: None,
+        }
+    }
+}
+
+impl<S, Req, C, H> Operation<S, Req, C, H>
+where
+    S: Service<Req>,
+    C: Classify<S::Response, S::Error>,
+    H: OnRetry<S::Response, S::Error>,
+{
+    /// The wait before the next attempt, or why there is none.
+    fn next_delay(&mut self, outcome: &Result<S::Response, S::Error>) -> Result<Duration, GiveUp> {
+        let settings = &self.config.settings;
+        let after = match self.config.classifier.classify(outcome) {
+            Action::Success | Action::Stop => return Err(GiveUp::NotRetryable),
+            Action::Retry { after } => after,
+        };
+        let give_up = |reason: GiveUp| {
+            Stats::add(&settings.stats.give_ups);
+            tracing::debug!(
+                attempts = self.attempt,
+                reason = reason.as_str(),
+                "giving up"
+            );
+            Err(reason)
+        };
+        if self.attempt >= settings.max_attempts {
+            return give_up(GiveUp::Exhausted);
+        }
+        let (delay, from_server) = match after {
+            Some(after) => (after.min(settings.retry_after_cap), true),
+            None => (
+                settings
+                    .backoff
+                    .delay(self.attempt, self.previous_delay, &mut self.rng),
+                false,
+            ),
+        };
+        // NOTE: never sleep in vain: a wait that ends at or past the deadline leaves no time
+        // for the attempt after it, so stop now with what we have.
+        if Instant::now() + delay >= self.deadline.instant() {
+            return give_up(GiveUp::Deadline);
+        }
+        if let Some(budget) = &settings.budget {
+            if !budget.withdraw() {
+                Stats::add(&settings.stats.budget_refusals);
+                return give_up(GiveUp::Budget);
+            }
+        }
+        Stats::add(&settings.stats.retries);
+        self.config.hook.on_retry(&RetryEvent {
+            attempt: self.attempt,
+            delay,
+            from_server,
+            outcome,
+        });
+        tracing::info!(
+            attempt = self.attempt,
+            delay_ms = delay.as_millis() as u64,
+            from_server,
+            "retrying"
+        );
+        self.previous_delay = delay;
+        Ok(delay)
+    }
+}
+
+impl<S, Req, C, H> Future for ResponseFuture<S, Req, C, H>
+where
+    S: Service<Req>,
+    Req: Clone,
+    C: Classify<S::Response, S::Error>,
+    H: OnRetry<S::Response, S::Error>,
+{
+    type Output = Result<S::Response, RetryError<S::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let Some(op) = this.operation.as_mut() else {
+                // Only a nested (deferring) retry has no operation: one attempt, as it is.
+                return match this.state.project() {
+                    StateProj::Passthrough { future } => Poll::Ready(
+                        ready!(future.poll(cx))
+                            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
+                    ),
+                    _ => panic!("ResponseFuture polled after completion"),
+                };
+            };
+            match this.state.as_mut().project() {
+                StateProj::Calling { future } => {
+                    let outcome = ready!(future.poll(cx));
+                    match op.next_delay(&outcome) {
+                        Ok(delay) => this.state.set(State::Waiting {
+                            sleep: tokio::time::sleep(delay),
+                        }),
+                        Err(reason) => {
+                            let attempts = op.attempt;
+                            *this.operation = None;
+                            return Poll::Ready(
+                                outcome.map_err(|e| RetryError::new(reason, attempts, e)),
+                            );
+                        }
+                    }
+                }
+                StateProj::Waiting { sleep } => {
+                    ready!(sleep.poll(cx));
+                    this.state.set(State::Readying);
+                }
+                StateProj::Readying => {
+                    if let Err(e) = ready!(op.service.poll_ready(cx)) {
+                        let attempts = op.attempt;
+                        *this.operation = None;
+                        return Poll::Ready(Err(RetryError::new(
+                            GiveUp::NotRetryable,
+                            attempts,
+                            e,
+                        )));
+                    }
+                    op.attempt += 1;
+                    Stats::add(&op.config.settings.stats.attempts);
+                    let request = op.request.clone();
+                    let service = &mut op.service;
+                    let future = in_attempt(op.deadline, || service.call(request));
+                    this.state.set(State::Calling { future });
+                }
+                StateProj::Passthrough { .. } => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}

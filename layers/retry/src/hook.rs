@@ -1,0 +1,93 @@
+//! Watching retries: a hook called before each wait, and counters.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// What the [`OnRetry`] hook is told before each wait.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RetryEvent<'a, Res, E> {
+    /// The attempt that just failed (1 is the first).
+    pub attempt: u32,
+    /// How long the layer will wait before the next attempt.
+    pub delay: Duration,
+    /// Whether the delay came from the server (`Retry-After`, gRPC pushback) rather than the
+    /// backoff.
+    pub from_server: bool,
+    /// The failed attempt's outcome.
+    pub outcome: &'a Result<Res, E>,
+}
+
+/// Called before each retry's wait. Implemented for closures `Fn(&RetryEvent<'_, Res, E>)` and,
+/// as a no-op, for `()`.
+///
+/// ```
+/// use tower_once_retry::hook::{OnRetry, RetryEvent};
+///
+/// let log = |event: &RetryEvent<'_, u16, ()>| {
+///     eprintln!("attempt {} got {:?}; retrying in {:?}", event.attempt, event.outcome, event.delay);
+/// };
+/// # let _ = log;
+/// ```
+pub trait OnRetry<Res, E> {
+    /// Called before waiting for the next attempt.
+    fn on_retry(&self, event: &RetryEvent<'_, Res, E>);
+}
+
+impl<Res, E> OnRetry<Res, E> for () {
+    fn on_retry(&self, _: &RetryEvent<'_, Res, E>) {}
+}
+
+impl<F, Res, E> OnRetry<Res, E> for F
+where
+    F: Fn(&RetryEvent<'_, Res, E>),
+{
+    fn on_retry(&self, event: &RetryEvent<'_, Res, E>) {
+        self(event)
+    }
+}
+
+/// Counters shared by every clone of one layer; read them with
+/// [`RetryLayer::stats`](crate::RetryLayer::stats).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) operations: AtomicU64,
+    pub(crate) attempts: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) budget_refusals: AtomicU64,
+    pub(crate) give_ups: AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// Logical operations started (first attempts).
+    pub operations: u64,
+    /// Calls of the inner service, first attempts included.
+    pub attempts: u64,
+    /// Retries made (waits started).
+    pub retries: u64,
+    /// Retries the budget refused.
+    pub budget_refusals: u64,
+    /// Operations that ended on a retryable outcome without succeeding (limit, deadline,
+    /// budget).
+    pub give_ups: u64,
+}
+
+impl Stats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            operations: self.operations.load(Relaxed),
+            attempts: self.attempts.load(Relaxed),
+            retries: self.retries.load(Relaxed),
+            budget_refusals: self.budget_refusals.load(Relaxed),
+            give_ups: self.give_ups.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+}

@@ -1,0 +1,125 @@
+use crate::classify::Classify;
+use crate::error::RetryError;
+use crate::future::{Operation, ResponseFuture};
+use crate::hook::{OnRetry, Stats};
+use crate::layer::Config;
+use std::cell::Cell;
+use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+
+/// Middleware that retries failed calls; built by [`RetryLayer`](crate::RetryLayer).
+pub struct Retry<S, C, H> {
+    inner: S,
+    config: Arc<Config<C, H>>,
+}
+
+impl<S, C, H> Retry<S, C, H> {
+    pub(crate) fn new(inner: S, config: Arc<Config<C, H>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, C, H> Clone for Retry<S, C, H> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, C, H> std::fmt::Debug for Retry<S, C, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+thread_local! {
+    // NOTE: set while an attempt's `call` runs (see `in_attempt`); a `Retry` called inside it
+    // is nested in another one and makes a single attempt, so stacked layers do not multiply.
+    static IN_ATTEMPT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs an attempt's `call` under the operation's deadline and the nested-retry marker.
+pub(crate) fn in_attempt<R>(deadline: Deadline, call: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_ATTEMPT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_ATTEMPT.with(|c| c.replace(true)));
+    deadline.scope(call)
+}
+
+impl<S, Req, C, H> Service<Req> for Retry<S, C, H>
+where
+    S: Service<Req> + Clone,
+    Req: Clone,
+    C: Classify<S::Response, S::Error>,
+    H: OnRetry<S::Response, S::Error>,
+{
+    type Response = S::Response;
+    type Error = RetryError<S::Error>;
+    type Future = ResponseFuture<S, Req, C, H>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| RetryError::new(crate::GiveUp::NotRetryable, 0, e))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        if IN_ATTEMPT.with(Cell::get) {
+            tracing::trace!("nested RetryLayer: deferring to the outer one");
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
+        let settings = &self.config.settings;
+        Stats::add(&settings.stats.operations);
+        if let Some(budget) = &settings.budget {
+            budget.deposit();
+        }
+        let own = Deadline::after(settings.deadline);
+        let deadline = match Deadline::current() {
+            Some(outer) if outer < own => outer,
+            _ => own,
+        };
+        let rng = match &settings.rng {
+            Some(seeded) => seeded.lock().unwrap_or_else(PoisonError::into_inner).fork(),
+            None => fastrand::Rng::new(),
+        };
+        // The service in `self` was driven to readiness: the first attempt uses it.
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        Stats::add(&settings.stats.attempts);
+        let first = in_attempt(deadline, || service.call(req.clone()));
+        ResponseFuture::new(
+            first,
+            Operation {
+                service,
+                request: req,
+                config: Arc::clone(&self.config),
+                deadline,
+                attempt: 1,
+                previous_delay: Duration::ZERO,
+                rng,
+            },
+        )
+    }
+}
