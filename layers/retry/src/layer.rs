@@ -155,6 +155,10 @@ impl<C, H> RetryLayer<C, H> {
     pub fn stats(&self) -> StatsSnapshot {
         self.config.settings.stats.snapshot()
     }
+
+    pub(crate) fn config(&self) -> &Config<C, H> {
+        &self.config
+    }
 }
 
 impl<S, C: Clone, H: Clone> Layer<S> for RetryLayer<C, H> {

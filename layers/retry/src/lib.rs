@@ -52,8 +52,8 @@
 //! | retry | calls the hook, waits, drives the service to readiness, calls it again with a clone of the request |
 //!
 //! A response that classified as retryable (a `503`, say) is returned as `Ok` when the layer
-//! gives up: the caller sees the last real answer. Requests must be `Clone` here: one clone per
-//! attempt.
+//! gives up: the caller sees the last real answer. [`RetryLayer`] needs `Clone` requests (one
+//! clone per attempt); [`http::HttpRetryLayer`] does not.
 //!
 //! # Differences from tower::retry
 //!
@@ -61,11 +61,13 @@
 //! `Retry-After` and request cloning to each user; its `TpsBudget` is a separate piece. Here
 //! they are one layer with defaults, and the error keeps the inner error's type.
 //!
-//! # Not yet
+//! # HTTP
 //!
-//! HTTP requests with bodies that are not `Clone` (hyper's `Incoming`, axum's `Body`) are not
-//! supported yet: buffering them for replay, the safe-method rule and idempotency-key stamping
-//! are still to come.
+//! `http::Request`s are not `Clone`, and their bodies often are not either (hyper's `Incoming`,
+//! axum's `Body`, streams). [`http::HttpRetryLayer`] (from [`RetryLayer::into_http`]) buffers
+//! the body for replay up to a limit, retries only safe requests (idempotent methods, or a
+//! request carrying an `Idempotency-Key`), can stamp a fresh key on unkeyed `POST`/`PATCH`, and
+//! puts the operation's deadline in each attempt's extensions.
 //!
 //! # Minimum supported Rust version
 //!
@@ -80,6 +82,7 @@ pub mod classify;
 mod error;
 mod future;
 pub mod hook;
+pub mod http;
 mod layer;
 mod service;
 

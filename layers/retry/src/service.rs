@@ -68,6 +68,52 @@ pub(crate) fn in_attempt<R>(deadline: Deadline, call: impl FnOnce() -> R) -> R {
     deadline.scope(call)
 }
 
+/// Whether this call is an attempt of an outer retry (which then does the retrying).
+pub(crate) fn is_nested() -> bool {
+    IN_ATTEMPT.with(Cell::get)
+}
+
+/// Starts an operation: counts it, fixes its deadline, and makes the first attempt on
+/// `service`, which must be ready.
+pub(crate) fn start<S, Req, C, H>(
+    mut service: S,
+    req: Req,
+    config: Arc<Config<C, H>>,
+) -> ResponseFuture<S, Req, C, H>
+where
+    S: Service<Req>,
+    Req: Clone,
+{
+    let settings = &config.settings;
+    Stats::add(&settings.stats.operations);
+    if let Some(budget) = &settings.budget {
+        budget.deposit();
+    }
+    let own = Deadline::after(settings.deadline);
+    let deadline = match Deadline::current() {
+        Some(outer) if outer < own => outer,
+        _ => own,
+    };
+    let rng = match &settings.rng {
+        Some(seeded) => seeded.lock().unwrap_or_else(PoisonError::into_inner).fork(),
+        None => fastrand::Rng::new(),
+    };
+    Stats::add(&settings.stats.attempts);
+    let first = in_attempt(deadline, || service.call(req.clone()));
+    ResponseFuture::new(
+        first,
+        Operation {
+            service,
+            request: req,
+            config,
+            deadline,
+            attempt: 1,
+            previous_delay: Duration::ZERO,
+            rng,
+        },
+    )
+}
+
 impl<S, Req, C, H> Service<Req> for Retry<S, C, H>
 where
     S: Service<Req> + Clone,
@@ -86,40 +132,13 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        if IN_ATTEMPT.with(Cell::get) {
+        if is_nested() {
             tracing::trace!("nested RetryLayer: deferring to the outer one");
             return ResponseFuture::passthrough(self.inner.call(req));
         }
-        let settings = &self.config.settings;
-        Stats::add(&settings.stats.operations);
-        if let Some(budget) = &settings.budget {
-            budget.deposit();
-        }
-        let own = Deadline::after(settings.deadline);
-        let deadline = match Deadline::current() {
-            Some(outer) if outer < own => outer,
-            _ => own,
-        };
-        let rng = match &settings.rng {
-            Some(seeded) => seeded.lock().unwrap_or_else(PoisonError::into_inner).fork(),
-            None => fastrand::Rng::new(),
-        };
         // The service in `self` was driven to readiness: the first attempt uses it.
         let clone = self.inner.clone();
-        let mut service = std::mem::replace(&mut self.inner, clone);
-        Stats::add(&settings.stats.attempts);
-        let first = in_attempt(deadline, || service.call(req.clone()));
-        ResponseFuture::new(
-            first,
-            Operation {
-                service,
-                request: req,
-                config: Arc::clone(&self.config),
-                deadline,
-                attempt: 1,
-                previous_delay: Duration::ZERO,
-                rng,
-            },
-        )
+        let service = std::mem::replace(&mut self.inner, clone);
+        start(service, req, Arc::clone(&self.config))
     }
 }

@@ -1,0 +1,574 @@
+//! Retrying HTTP requests whose bodies are not `Clone`, safely.
+//!
+//! [`HttpRetryLayer`] is a [`RetryLayer`] for `http::Request`s, made with
+//! [`RetryLayer::into_http`](crate::RetryLayer::into_http) (every retry setting carries over)
+//! or [`HttpRetryLayer::new`] (the defaults with [`HttpClassifier`]). On top of the generic
+//! layer it:
+//!
+//! - **retries only safe requests**: idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`,
+//!   `DELETE`, `TRACE`) and requests carrying an `Idempotency-Key`. Other requests get one
+//!   attempt. With [`stamp_idempotency_keys`](HttpRetryLayer::stamp_idempotency_keys), an
+//!   unkeyed `POST` or `PATCH` gets a fresh UUID key, the same on every attempt, and becomes
+//!   retryable — the server's idempotency layer then runs it once;
+//! - **buffers the body for replay**, up to [`body_limit`](HttpRetryLayer::body_limit)
+//!   (64 KiB by default). A larger body is sent once, streaming, and that request is not
+//!   retried: replaying it would need unbounded memory;
+//! - **puts the operation's [`Deadline`] in each attempt's extensions**, for an
+//!   `HttpTimeoutLayer` below and the transport.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_once_retry::RetryLayer;
+//!
+//! let layer = RetryLayer::new()
+//!     .classify(tower_once_retry::classify::HttpClassifier)
+//!     .deadline(Duration::from_secs(10))
+//!     .into_http()
+//!     .stamp_idempotency_keys(true);
+//! # let _ = layer;
+//! ```
+
+use crate::classify::{Classify, HttpClassifier};
+use crate::error::{GiveUp, RetryError};
+use crate::hook::{OnRetry, Stats, StatsSnapshot};
+use crate::layer::Config;
+use crate::service::{is_nested, start};
+use crate::RetryLayer;
+use bytes::{Bytes, BytesMut};
+use http::{
+    Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
+};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_layer::Layer;
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+
+/// The `Idempotency-Key` header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The HTTP retry layer. See the [module docs](self).
+#[derive(Clone)]
+pub struct HttpRetryLayer<C = HttpClassifier, H = ()> {
+    retry: RetryLayer<C, H>,
+    body_limit: usize,
+    stamp: bool,
+}
+
+impl HttpRetryLayer {
+    /// [`RetryLayer::new`] with [`HttpClassifier`], a 64 KiB replay buffer, no key stamping.
+    pub fn new() -> Self {
+        RetryLayer::new().classify(HttpClassifier).into_http()
+    }
+}
+
+impl Default for HttpRetryLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C, H> RetryLayer<C, H> {
+    /// This layer for `http::Request`s with bodies that need not be `Clone`: see
+    /// [`http`](crate::http).
+    pub fn into_http(self) -> HttpRetryLayer<C, H> {
+        HttpRetryLayer {
+            retry: self,
+            body_limit: 64 * 1024,
+            stamp: false,
+        }
+    }
+}
+
+impl<C, H> HttpRetryLayer<C, H> {
+    /// The largest request body buffered for replay; larger ones go out once. Default 64 KiB.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
+    }
+
+    /// Whether an unkeyed `POST` or `PATCH` gets a fresh `Idempotency-Key` (a UUID v4, the same
+    /// on every attempt) so it can be retried. Default `false`.
+    pub fn stamp_idempotency_keys(mut self, stamp: bool) -> Self {
+        self.stamp = stamp;
+        self
+    }
+
+    /// The counters of this layer and every service it made.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.retry.stats()
+    }
+}
+
+impl<C: std::fmt::Debug, H> std::fmt::Debug for HttpRetryLayer<C, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRetryLayer")
+            .field("retry", &self.retry)
+            .field("body_limit", &self.body_limit)
+            .field("stamp", &self.stamp)
+            .finish()
+    }
+}
+
+impl<S, C: Clone, H: Clone> Layer<S> for HttpRetryLayer<C, H> {
+    type Service = HttpRetry<S, C, H>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HttpRetry {
+            inner,
+            config: Arc::new(self.retry.config().clone()),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+}
+
+/// Middleware built by [`HttpRetryLayer`].
+pub struct HttpRetry<S, C, H> {
+    inner: S,
+    config: Arc<Config<C, H>>,
+    body_limit: usize,
+    stamp: bool,
+}
+
+impl<S: Clone, C, H> Clone for HttpRetry<S, C, H> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, C, H> std::fmt::Debug for HttpRetry<S, C, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRetry")
+            .field("inner", &self.inner)
+            .field("body_limit", &self.body_limit)
+            .field("stamp", &self.stamp)
+            .finish()
+    }
+}
+
+/// Whether a request may be sent more than once.
+fn is_safe<B>(req: &Request<B>) -> bool {
+    matches!(
+        *req.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    ) || req.headers().contains_key(IDEMPOTENCY_KEY)
+}
+
+impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>> + Clone,
+    B: Body<Data = Bytes>,
+    C: Classify<Response<ResB>, S::Error>,
+    H: OnRetry<Response<ResB>, S::Error>,
+{
+    type Response = Response<ResB>;
+    type Error = RetryError<S::Error>;
+    type Future = HttpResponseFuture<S, B, C, H>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 0, e))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if is_nested() {
+            return HttpResponseFuture::once(self.inner.call(req.map(ReplayBody::streaming)));
+        }
+        let stampable = matches!(*req.method(), Method::POST | Method::PATCH);
+        if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
+            let key = uuid::Uuid::new_v4().hyphenated().to_string();
+            if let Ok(value) = HeaderValue::from_str(&key) {
+                req.headers_mut().insert(IDEMPOTENCY_KEY, value);
+            }
+        }
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        if !is_safe(&req) {
+            tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
+            let stats = &self.config.settings.stats;
+            Stats::add(&stats.operations);
+            Stats::add(&stats.attempts);
+            let mut service = service;
+            return HttpResponseFuture::once(service.call(req.map(ReplayBody::streaming)));
+        }
+        let (parts, body) = req.into_parts();
+        let template = ReplayRequest {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            extensions: parts.extensions,
+            body: Bytes::new(),
+        };
+        let config = Arc::clone(&self.config);
+        if body.is_end_stream() {
+            return HttpResponseFuture::retrying(start(Rebuild::new(service), template, config));
+        }
+        HttpResponseFuture {
+            state: HttpState::Buffering {
+                body: Some(Box::pin(body)),
+                collected: BytesMut::new(),
+            },
+            pending: Some(Pending {
+                service,
+                template,
+                config,
+                limit: self.body_limit,
+            }),
+        }
+    }
+}
+
+/// A request in a form that can be sent again: its parts and its whole body.
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    extensions: Extensions,
+    body: Bytes,
+}
+
+impl ReplayRequest {
+    fn into_request<B: Body>(self, body: ReplayBody<B>) -> Request<ReplayBody<B>> {
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers;
+        *req.extensions_mut() = self.extensions;
+        req
+    }
+}
+
+/// Turns each attempt's [`ReplayRequest`] back into an `http::Request`, with the attempt's
+/// deadline in its extensions.
+pub struct Rebuild<S, B> {
+    inner: S,
+    _body: PhantomData<fn(B)>,
+}
+
+impl<S, B> Rebuild<S, B> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            _body: PhantomData,
+        }
+    }
+}
+
+impl<S: Clone, B> Clone for Rebuild<S, B> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone())
+    }
+}
+
+impl<S: std::fmt::Debug, B> std::fmt::Debug for Rebuild<S, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rebuild")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl<S, B> Service<ReplayRequest> for Rebuild<S, B>
+where
+    B: Body,
+    S: Service<Request<ReplayBody<B>>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut replay: ReplayRequest) -> S::Future {
+        // NOTE: runs inside the attempt's scope, so `current` is the operation's deadline.
+        if let Some(deadline) = Deadline::current() {
+            replay.extensions.insert(deadline);
+        }
+        let body = ReplayBody::full(std::mem::take(&mut replay.body));
+        self.inner.call(replay.into_request(body))
+    }
+}
+
+/// How buffering a request body ended.
+enum Buffered<E> {
+    Complete,
+    Over(Bytes),
+    Failed(E),
+}
+
+struct Pending<S, C, H> {
+    service: S,
+    template: ReplayRequest,
+    config: Arc<Config<C, H>>,
+    limit: usize,
+}
+
+type Core<S, B, C, H> = crate::ResponseFuture<Rebuild<S, B>, ReplayRequest, C, H>;
+
+pin_project! {
+    /// Response future of [`HttpRetry`].
+    pub struct HttpResponseFuture<S, B, C, H>
+    where
+        B: Body,
+        S: Service<Request<ReplayBody<B>>>,
+    {
+        #[pin]
+        state: HttpState<S::Future, B, Core<S, B, C, H>>,
+        pending: Option<Pending<S, C, H>>,
+    }
+}
+
+pin_project! {
+    #[project = HttpStateProj]
+    enum HttpState<F, B, R> {
+        Buffering { body: Option<Pin<Box<B>>>, collected: BytesMut },
+        Retrying { #[pin] core: R },
+        Once { #[pin] future: F },
+    }
+}
+
+impl<S, B, C, H> HttpResponseFuture<S, B, C, H>
+where
+    B: Body,
+    S: Service<Request<ReplayBody<B>>>,
+{
+    fn once(future: S::Future) -> Self {
+        Self {
+            state: HttpState::Once { future },
+            pending: None,
+        }
+    }
+
+    fn retrying(core: Core<S, B, C, H>) -> Self {
+        Self {
+            state: HttpState::Retrying { core },
+            pending: None,
+        }
+    }
+}
+
+impl<S, B, ResB, C, H> Future for HttpResponseFuture<S, B, C, H>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>>,
+    B: Body<Data = Bytes>,
+    C: Classify<Response<ResB>, S::Error>,
+    H: OnRetry<Response<ResB>, S::Error>,
+{
+    type Output = Result<Response<ResB>, RetryError<S::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                HttpStateProj::Retrying { core } => return core.poll(cx),
+                HttpStateProj::Once { future } => {
+                    return Poll::Ready(
+                        ready!(future.poll(cx))
+                            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
+                    );
+                }
+                HttpStateProj::Buffering { body, collected } => {
+                    let (Some(stream), Some(pending)) = (body.as_mut(), this.pending.as_ref())
+                    else {
+                        panic!("HttpResponseFuture polled after completion");
+                    };
+                    let outcome = match ready!(stream.as_mut().poll_frame(cx)) {
+                        Some(Ok(frame)) => match frame.into_data() {
+                            Ok(data) if collected.len() + data.len() <= pending.limit => {
+                                collected.extend_from_slice(&data);
+                                continue;
+                            }
+                            Ok(data) => Buffered::Over(data),
+                            Err(_) => continue, // request trailers are not replayed
+                        },
+                        Some(Err(error)) => Buffered::Failed(error),
+                        None => Buffered::Complete,
+                    };
+                    let Some(Pending {
+                        service,
+                        template,
+                        config,
+                        ..
+                    }) = this.pending.take()
+                    else {
+                        panic!("HttpResponseFuture polled after completion");
+                    };
+                    let collected = std::mem::take(collected).freeze();
+                    let once = |body: ReplayBody<B>, service: S, template: ReplayRequest| {
+                        let stats = &config.settings.stats;
+                        Stats::add(&stats.operations);
+                        Stats::add(&stats.attempts);
+                        let mut service = service;
+                        service.call(template.into_request(body))
+                    };
+                    match (outcome, body.take()) {
+                        (Buffered::Complete, _) => {
+                            let replay = ReplayRequest {
+                                body: collected,
+                                ..template
+                            };
+                            this.state.set(HttpState::Retrying {
+                                core: start(Rebuild::new(service), replay, config),
+                            });
+                        }
+                        (Buffered::Over(data), Some(rest)) => {
+                            tracing::debug!("request body over the replay limit: one attempt");
+                            let mut prefix = BytesMut::from(&collected[..]);
+                            prefix.extend_from_slice(&data);
+                            let body = ReplayBody::prefixed(prefix.freeze(), rest);
+                            let future = once(body, service, template);
+                            this.state.set(HttpState::Once { future });
+                        }
+                        (Buffered::Failed(error), _) => {
+                            // NOTE: never pass a truncated body off as complete, nor replay it:
+                            // the inner service sees the bytes read so far, then the error.
+                            tracing::debug!("request body failed while buffering: one attempt");
+                            let body = ReplayBody::failed(collected, error);
+                            let future = once(body, service, template);
+                            this.state.set(HttpState::Once { future });
+                        }
+                        (Buffered::Over(_), None) => {
+                            panic!("HttpResponseFuture polled after completion")
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The request body the inner service receives from [`HttpRetry`]: the buffered bytes
+    /// (replayable), or the original body for a request sent once.
+    pub struct ReplayBody<B: Body> {
+        #[pin]
+        kind: BodyKind<B>,
+    }
+}
+
+pin_project! {
+    #[project = BodyKindProj]
+    enum BodyKind<B: Body> {
+        Full { data: Option<Bytes> },
+        Failed { prefix: Option<Bytes>, error: Option<B::Error> },
+        Prefixed { prefix: Option<Bytes>, rest: Pin<Box<B>> },
+        Streaming { #[pin] body: B },
+    }
+}
+
+impl<B: Body> ReplayBody<B> {
+    fn failed(prefix: Bytes, error: B::Error) -> Self {
+        Self {
+            kind: BodyKind::Failed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                error: Some(error),
+            },
+        }
+    }
+
+    fn full(data: Bytes) -> Self {
+        Self {
+            kind: BodyKind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+
+    fn prefixed(prefix: Bytes, rest: Pin<Box<B>>) -> Self {
+        Self {
+            kind: BodyKind::Prefixed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                rest,
+            },
+        }
+    }
+
+    fn streaming(body: B) -> Self {
+        Self {
+            kind: BodyKind::Streaming { body },
+        }
+    }
+}
+
+impl<B: Body> std::fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match &self.kind {
+            BodyKind::Full { .. } => "ReplayBody::Full",
+            BodyKind::Failed { .. } => "ReplayBody::Failed",
+            BodyKind::Prefixed { .. } => "ReplayBody::Prefixed",
+            BodyKind::Streaming { .. } => "ReplayBody::Streaming",
+        })
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            BodyKindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            BodyKindProj::Failed { prefix, error } => Poll::Ready(match prefix.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => error.take().map(Err),
+            }),
+            BodyKindProj::Prefixed { prefix, rest } => match prefix.take() {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => rest.as_mut().poll_frame(cx),
+            },
+            BodyKindProj::Streaming { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            BodyKind::Full { data } => data.is_none(),
+            BodyKind::Failed { prefix, error } => prefix.is_none() && error.is_none(),
+            BodyKind::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+            BodyKind::Streaming { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            BodyKind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            BodyKind::Failed { prefix, .. } => {
+                SizeHint::with_exact(prefix.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            BodyKind::Prefixed { prefix, rest } => {
+                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let hint = rest.size_hint();
+                let mut sum = SizeHint::new();
+                sum.set_lower(hint.lower().saturating_add(extra));
+                if let Some(upper) = hint.upper() {
+                    sum.set_upper(upper.saturating_add(extra));
+                }
+                sum
+            }
+            BodyKind::Streaming { body } => body.size_hint(),
+        }
+    }
+}
