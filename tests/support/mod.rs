@@ -190,23 +190,28 @@ impl RedisCluster {
     }
 }
 
-/// The demo server binary (`examples/server`), which `cargo test` builds beside the tests.
-pub(crate) fn server_binary() -> PathBuf {
+/// An example binary (`examples/<name>`), which `cargo test` builds beside the tests.
+pub(crate) fn example_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps/<test>");
-    let binary = profile_dir.join("examples").join("server");
+    let binary = profile_dir.join("examples").join(name);
     if !binary.exists() {
         // `cargo test --test <name>` builds only that target: build the example too.
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "server", "--features", "redis"])
+            .args(["build", "--example", name, "--features", "redis retry"])
             .status()
             .expect("run cargo build");
-        assert!(status.success(), "building the demo server failed");
+        assert!(status.success(), "building the {name} example failed");
     }
     binary
+}
+
+/// The demo server binary.
+pub(crate) fn server_binary() -> PathBuf {
+    example_binary("server")
 }
 
 /// A running demo server process.
