@@ -94,13 +94,18 @@ impl RetryBudget {
 
     /// Records a request (the first attempt of an operation).
     pub fn deposit(&self) {
-        self.with_current(|slot, _, _| slot.requests += 1);
+        self.deposit_at(Instant::now());
+    }
+
+    /// [`deposit`](Self::deposit) with a clock reading the caller already has.
+    pub(crate) fn deposit_at(&self, now: Instant) {
+        self.with_current(now, |slot, _, _| slot.requests += 1);
     }
 
     /// Asks for one retry: `true` (and counted) if the budget allows it.
     pub fn withdraw(&self) -> bool {
         let (ratio, floor) = (self.shared.ratio, self.shared.floor);
-        self.with_current(|slot, requests, retries| {
+        self.with_current(Instant::now(), |slot, requests, retries| {
             let allowed = ratio * requests as f64 + floor;
             if (retries + 1) as f64 <= allowed {
                 slot.retries += 1;
@@ -112,9 +117,9 @@ impl RetryBudget {
     }
 
     /// Runs `f` on the current slot with the window's totals of requests and retries.
-    fn with_current<T>(&self, f: impl FnOnce(&mut Slot, u64, u64) -> T) -> T {
+    fn with_current<T>(&self, now: Instant, f: impl FnOnce(&mut Slot, u64, u64) -> T) -> T {
         let shared = &self.shared;
-        let elapsed = Instant::now().saturating_duration_since(shared.origin);
+        let elapsed = now.saturating_duration_since(shared.origin);
         let epoch =
             u64::try_from(elapsed.as_nanos() / shared.slot.as_nanos().max(1)).unwrap_or(u64::MAX);
         let mut slots = shared.state.lock().unwrap_or_else(PoisonError::into_inner);

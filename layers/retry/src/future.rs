@@ -6,7 +6,7 @@ use crate::service::in_attempt;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
@@ -43,7 +43,8 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) deadline: Deadline,
     pub(crate) attempt: u32,
     pub(crate) previous_delay: Duration,
-    pub(crate) rng: fastrand::Rng,
+    /// Made on the first jittered wait: most operations never need one.
+    pub(crate) rng: Option<fastrand::Rng>,
 }
 
 impl<S, Req, C, H> ResponseFuture<S, Req, C, H>
@@ -92,12 +93,16 @@ where
         }
         let (delay, from_server) = match after {
             Some(after) => (after.min(settings.retry_after_cap), true),
-            None => (
-                settings
+            None => {
+                let rng = self.rng.get_or_insert_with(|| match &settings.rng {
+                    Some(seeded) => seeded.lock().unwrap_or_else(PoisonError::into_inner).fork(),
+                    None => fastrand::Rng::new(),
+                });
+                let delay = settings
                     .backoff
-                    .delay(self.attempt, self.previous_delay, &mut self.rng),
-                false,
-            ),
+                    .delay(self.attempt, self.previous_delay, rng);
+                (delay, false)
+            }
         };
         // NOTE: never sleep in vain: a wait that ends at or past the deadline leaves no time
         // for the attempt after it, so stop now with what we have.

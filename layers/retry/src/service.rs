@@ -4,7 +4,7 @@ use crate::future::{Operation, ResponseFuture};
 use crate::hook::{OnRetry, Stats};
 use crate::layer::Config;
 use std::cell::Cell;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_once_timeout::Deadline;
@@ -85,18 +85,16 @@ where
     Req: Clone,
 {
     let settings = &config.settings;
+    // One clock reading serves the deadline and the budget: it is most of the happy path's cost.
+    let now = tokio::time::Instant::now();
     Stats::add(&settings.stats.operations);
     if let Some(budget) = &settings.budget {
-        budget.deposit();
+        budget.deposit_at(now);
     }
-    let own = Deadline::after(settings.deadline);
+    let own = Deadline::at(now + settings.deadline);
     let deadline = match Deadline::current() {
         Some(outer) if outer < own => outer,
         _ => own,
-    };
-    let rng = match &settings.rng {
-        Some(seeded) => seeded.lock().unwrap_or_else(PoisonError::into_inner).fork(),
-        None => fastrand::Rng::new(),
     };
     Stats::add(&settings.stats.attempts);
     let first = in_attempt(deadline, || service.call(req.clone()));
@@ -109,7 +107,7 @@ where
             deadline,
             attempt: 1,
             previous_delay: Duration::ZERO,
-            rng,
+            rng: None,
         },
     )
 }
