@@ -1,4 +1,4 @@
-use crate::body::{Collector, RequestBody, ResponseBody};
+use crate::body::{RequestBody, ResponseBody};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::layer::{Config, IDEMPOTENT_REPLAYED};
 use crate::predicate::StorePredicate;
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
+use tower_once_core::body::Collector;
 use tower_service::Service;
 use tracing::Span;
 
@@ -25,6 +26,8 @@ pin_project! {
     /// Response future of [`Idempotency`](crate::Idempotency).
     pub struct ResponseFuture<S, ReqB, ResB, St, Sc, F, P>
     where
+        ReqB: Body,
+        ResB: Body,
         S: Service<Request<RequestBody<ReqB>>>,
         St: IdempotencyStore,
     {
@@ -35,7 +38,7 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<Fut, ResB, Cov> {
+    enum Kind<Fut, ResB: Body, Cov> {
         Passthrough { #[pin] future: Fut },
         Respond { response: Option<Response<ResponseBody<ResB>>> },
         Covered { #[pin] future: Cov },
@@ -46,6 +49,8 @@ pin_project! {
     /// The life of one covered request: read the body, claim, run, read the response, finish.
     struct CoveredFuture<S, ReqB, ResB, St, Sc, F, P>
     where
+        ReqB: Body,
+        ResB: Body,
         S: Service<Request<RequestBody<ReqB>>>,
         St: IdempotencyStore,
     {
@@ -67,7 +72,7 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<Fut, ReqB, ResB, CF, E> {
+    enum State<Fut, ReqB, ResB: Body, CF, E> {
         ReadRequest {
             #[pin] body: ReqB,
             parts: Option<request::Parts>,
@@ -96,6 +101,8 @@ const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
 
 impl<S, ReqB, ResB, St, Sc, F, P> ResponseFuture<S, ReqB, ResB, St, Sc, F, P>
 where
+    ReqB: Body,
+    ResB: Body,
     S: Service<Request<RequestBody<ReqB>>>,
     St: IdempotencyStore,
 {
@@ -252,7 +259,7 @@ where
                             this.renew
                                 .set(Some(tokio::time::sleep(renew_interval(settings.lease))));
                             request.extensions_mut().insert(*this.token);
-                            let future = this.service.call(request.map(RequestBody::buffered));
+                            let future = this.service.call(request.map(RequestBody::full));
                             State::Run { future }
                         }
                         Ok(ClaimOutcome::Existing(record)) => State::Finish {
@@ -261,7 +268,7 @@ where
                         Err(error) if settings.fail_open => {
                             this.span.record("outcome", "unclaimed");
                             tracing::warn!(%error, "idempotency store failed; running the request without a claim (fail-open)");
-                            let future = this.service.call(request.map(RequestBody::buffered));
+                            let future = this.service.call(request.map(RequestBody::full));
                             State::Unclaimed { future }
                         }
                         Err(error) => {
@@ -392,7 +399,10 @@ where
     }
 }
 
-fn reject<Fut, ReqB, ResB, CF, E>(span: &Span, kind: ProblemKind) -> State<Fut, ReqB, ResB, CF, E> {
+fn reject<Fut, ReqB, ResB: Body, CF, E>(
+    span: &Span,
+    kind: ProblemKind,
+) -> State<Fut, ReqB, ResB, CF, E> {
     span.record("outcome", "rejected");
     tracing::debug!(problem = kind.type_uri(), "idempotency request rejected");
     State::Finish {
@@ -400,12 +410,12 @@ fn reject<Fut, ReqB, ResB, CF, E>(span: &Span, kind: ProblemKind) -> State<Fut, 
     }
 }
 
-fn problem<B>(kind: ProblemKind, retry_after: Option<Duration>) -> Response<ResponseBody<B>> {
+fn problem<B: Body>(kind: ProblemKind, retry_after: Option<Duration>) -> Response<ResponseBody<B>> {
     kind.response(retry_after).map(ResponseBody::full)
 }
 
 /// The answer to a request whose key is held by an existing record.
-fn existing<B>(
+fn existing<B: Body>(
     span: &Span,
     record: ExistingRecord,
     fingerprint: &Fingerprint,

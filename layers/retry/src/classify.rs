@@ -15,6 +15,20 @@
 //! | `grpc-status` 14 `UNAVAILABLE` or 8 `RESOURCE_EXHAUSTED` | retry, after `grpc-retry-pushback-ms` if sent; a negative or malformed pushback stops |
 //! | anything else (2xx, 3xx, other 4xx and 5xx, other gRPC codes) | success or stop: returned as is |
 //!
+//! Defaults compose: a closure can delegate to them and override one case.
+//!
+//! ```
+//! use tower_once_retry::classify::{Action, Classify, HttpClassifier};
+//!
+//! // A CDN that briefly answers 404 for fresh objects: retry those too, otherwise as usual.
+//! let cdn = |outcome: &Result<http::Response<()>, std::io::Error>| match outcome {
+//!     Ok(r) if r.status() == http::StatusCode::NOT_FOUND => Action::Retry { after: None },
+//!     other => HttpClassifier.classify(other),
+//! };
+//! let not_found = http::Response::builder().status(404).body(()).unwrap();
+//! assert_eq!(cdn.classify(&Ok(not_found)), Action::Retry { after: None });
+//! ```
+//!
 //! gRPC status is read from the response headers (trailers-only responses, which is how servers
 //! answer failed unary calls); a status sent only in trailers is not seen.
 

@@ -34,11 +34,11 @@ use crate::hook::{OnRetry, Stats, StatsSnapshot};
 use crate::layer::Config;
 use crate::service::{is_nested, start};
 use crate::RetryLayer;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{
     Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
 };
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -46,6 +46,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tower_layer::Layer;
+use tower_once_core::body::{BufferedBody, Collector};
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
@@ -219,7 +220,7 @@ where
         HttpResponseFuture {
             state: HttpState::Buffering {
                 body: Some(Box::pin(body)),
-                collected: BytesMut::new(),
+                collected: Collector::default(),
             },
             pending: Some(Pending {
                 service,
@@ -339,7 +340,7 @@ pin_project! {
 pin_project! {
     #[project = HttpStateProj]
     enum HttpState<F, B, R> {
-        Buffering { body: Option<Pin<Box<B>>>, collected: BytesMut },
+        Buffering { body: Option<Pin<Box<B>>>, collected: Collector },
         Retrying { #[pin] core: R },
         Once { #[pin] future: F },
     }
@@ -392,11 +393,10 @@ where
                     };
                     let outcome = match ready!(stream.as_mut().poll_frame(cx)) {
                         Some(Ok(frame)) => match frame.into_data() {
-                            Ok(data) if collected.len() + data.len() <= pending.limit => {
-                                collected.extend_from_slice(&data);
-                                continue;
-                            }
-                            Ok(data) => Buffered::Over(data),
+                            Ok(data) => match collected.push(data, pending.limit) {
+                                Ok(()) => continue,
+                                Err(data) => Buffered::Over(data),
+                            },
                             Err(_) => continue, // request trailers are not replayed
                         },
                         Some(Err(error)) => Buffered::Failed(error),
@@ -411,7 +411,7 @@ where
                     else {
                         panic!("HttpResponseFuture polled after completion");
                     };
-                    let collected = std::mem::take(collected).freeze();
+                    let collected = std::mem::take(collected);
                     let once = |body: ReplayBody<B>, service: S, template: ReplayRequest| {
                         let stats = &config.settings.stats;
                         Stats::add(&stats.operations);
@@ -422,7 +422,7 @@ where
                     match (outcome, body.take()) {
                         (Buffered::Complete, _) => {
                             let replay = ReplayRequest {
-                                body: collected,
+                                body: collected.finish(),
                                 ..template
                             };
                             this.state.set(HttpState::Retrying {
@@ -431,9 +431,7 @@ where
                         }
                         (Buffered::Over(data), Some(rest)) => {
                             tracing::debug!("request body over the replay limit: one attempt");
-                            let mut prefix = BytesMut::from(&collected[..]);
-                            prefix.extend_from_slice(&data);
-                            let body = ReplayBody::prefixed(prefix.freeze(), rest);
+                            let body = ReplayBody::prefixed(collected.finish_with(data), rest);
                             let future = once(body, service, template);
                             this.state.set(HttpState::Once { future });
                         }
@@ -441,7 +439,7 @@ where
                             // NOTE: never pass a truncated body off as complete, nor replay it:
                             // the inner service sees the bytes read so far, then the error.
                             tracing::debug!("request body failed while buffering: one attempt");
-                            let body = ReplayBody::failed(collected, error);
+                            let body = ReplayBody::failed(collected.finish(), error);
                             let future = once(body, service, template);
                             this.state.set(HttpState::Once { future });
                         }
@@ -455,120 +453,9 @@ where
     }
 }
 
-pin_project! {
-    /// The request body the inner service receives from [`HttpRetry`]: the buffered bytes
-    /// (replayable), or the original body for a request sent once.
-    pub struct ReplayBody<B: Body> {
-        #[pin]
-        kind: BodyKind<B>,
-    }
-}
-
-pin_project! {
-    #[project = BodyKindProj]
-    enum BodyKind<B: Body> {
-        Full { data: Option<Bytes> },
-        Failed { prefix: Option<Bytes>, error: Option<B::Error> },
-        Prefixed { prefix: Option<Bytes>, rest: Pin<Box<B>> },
-        Streaming { #[pin] body: B },
-    }
-}
-
-impl<B: Body> ReplayBody<B> {
-    fn failed(prefix: Bytes, error: B::Error) -> Self {
-        Self {
-            kind: BodyKind::Failed {
-                prefix: (!prefix.is_empty()).then_some(prefix),
-                error: Some(error),
-            },
-        }
-    }
-
-    fn full(data: Bytes) -> Self {
-        Self {
-            kind: BodyKind::Full {
-                data: (!data.is_empty()).then_some(data),
-            },
-        }
-    }
-
-    fn prefixed(prefix: Bytes, rest: Pin<Box<B>>) -> Self {
-        Self {
-            kind: BodyKind::Prefixed {
-                prefix: (!prefix.is_empty()).then_some(prefix),
-                rest,
-            },
-        }
-    }
-
-    fn streaming(body: B) -> Self {
-        Self {
-            kind: BodyKind::Streaming { body },
-        }
-    }
-}
-
-impl<B: Body> std::fmt::Debug for ReplayBody<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match &self.kind {
-            BodyKind::Full { .. } => "ReplayBody::Full",
-            BodyKind::Failed { .. } => "ReplayBody::Failed",
-            BodyKind::Prefixed { .. } => "ReplayBody::Prefixed",
-            BodyKind::Streaming { .. } => "ReplayBody::Streaming",
-        })
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for ReplayBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            BodyKindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            BodyKindProj::Failed { prefix, error } => Poll::Ready(match prefix.take() {
-                Some(data) => Some(Ok(Frame::data(data))),
-                None => error.take().map(Err),
-            }),
-            BodyKindProj::Prefixed { prefix, rest } => match prefix.take() {
-                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                None => rest.as_mut().poll_frame(cx),
-            },
-            BodyKindProj::Streaming { body } => body.poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            BodyKind::Full { data } => data.is_none(),
-            BodyKind::Failed { prefix, error } => prefix.is_none() && error.is_none(),
-            BodyKind::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
-            BodyKind::Streaming { body } => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            BodyKind::Full { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            BodyKind::Failed { prefix, .. } => {
-                SizeHint::with_exact(prefix.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            BodyKind::Prefixed { prefix, rest } => {
-                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
-                let hint = rest.size_hint();
-                let mut sum = SizeHint::new();
-                sum.set_lower(hint.lower().saturating_add(extra));
-                if let Some(upper) = hint.upper() {
-                    sum.set_upper(upper.saturating_add(extra));
-                }
-                sum
-            }
-            BodyKind::Streaming { body } => body.size_hint(),
-        }
-    }
-}
+/// The request body the inner service receives from [`HttpRetry`]: the buffered bytes
+/// (replayable, [`full`](BufferedBody::full)), the original body for a request sent once
+/// ([`streaming`](BufferedBody::streaming), [`prefixed`](BufferedBody::prefixed) when part of
+/// it was read), or the bytes read and then the error of a body that failed while buffering
+/// ([`failed`](BufferedBody::failed)).
+pub type ReplayBody<B> = BufferedBody<B>;
