@@ -31,6 +31,67 @@
 //! # }
 //! ```
 //!
+//! # Recommended stacks
+//!
+//! A client: retry outermost, so every attempt gets its own timeout, capped by what is left of
+//! the operation's deadline.
+//!
+//! ```no_run
+//! # #[cfg(feature = "retry")]
+//! # async fn client() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_once::retry::{classify::HttpClassifier, RetryLayer};
+//! use tower_once::timeout::http::HttpTimeoutLayer;
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(
+//!         RetryLayer::new()
+//!             .classify(HttpClassifier)
+//!             .deadline(Duration::from_secs(10))
+//!             .into_http()
+//!             .stamp_idempotency_keys(true),
+//!     )
+//!     .layer(HttpTimeoutLayer::new(Duration::from_secs(2)).cover_body(true))
+//!     .service(Client::builder(TokioExecutor::new()).build_http());
+//!
+//! let request = http::Request::post("http://127.0.0.1:3000/charges")
+//!     .header("content-type", "application/json")
+//!     .body(Full::new(Bytes::from_static(br#"{"order_id":"A","amount":500}"#)))?;
+//! let response = client.oneshot(request).await?; // one key on every attempt
+//! println!("{}", response.status());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A server: the timeout outermost (it bounds the whole request, idempotency bookkeeping
+//! included), then the idempotency layer, then the routes.
+//!
+//! ```no_run
+//! # #[cfg(feature = "timeout")]
+//! # async fn server() -> std::io::Result<()> {
+//! use std::time::Duration;
+//! use axum::{routing::post, Router};
+//! use tower::ServiceBuilder;
+//! use tower_once::idempotency::IdempotencyLayer;
+//! use tower_once::timeout::http::ServerTimeoutLayer;
+//!
+//! let app = Router::new()
+//!     .route("/charges", post(|| async { "charged" }))
+//!     .layer(
+//!         ServiceBuilder::new()
+//!             .layer(ServerTimeoutLayer::new(Duration::from_secs(15)))
+//!             .layer(IdempotencyLayer::new().require_key(true)),
+//!     );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await
+//! # }
+//! ```
+//!
 //! # Feature flags
 //!
 //! | feature       | default | enables |
