@@ -100,7 +100,24 @@
 //! | `retry`       | no      | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | no      | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
+//! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `full`        | no      | all of the above |
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature, each enabled layer reports to the application's `metrics`
+//! recorder under these stable names:
+//!
+//! | metric | type | labels | counts |
+//! |---|---|---|---|
+//! | `tower_once_idempotency_requests_total` | counter | `outcome`: `stored`, `released`, `replayed`, `conflict`, `mismatch`, `rejected`, `not_replayable`, `unavailable`, `unclaimed` | covered requests, by how they ended |
+//! | `tower_once_retry_operations_total` | counter | | logical operations (first attempts) |
+//! | `tower_once_retry_attempts_total` | counter | | calls of the inner service |
+//! | `tower_once_retry_retries_total` | counter | | retries (waits started) |
+//! | `tower_once_retry_delay_seconds` | histogram | | the wait before each retry |
+//! | `tower_once_retry_budget_refusals_total` | counter | | retries the budget refused |
+//! | `tower_once_retry_give_ups_total` | counter | `reason`: `exhausted`, `deadline`, `budget` | operations that ended on a retryable outcome |
+//! | `tower_once_timeout_timeouts_total` | counter | `bound`: `limit`, `deadline`; `layer`: `timeout`, `http_body`, `server` | expiries |
 //!
 //! # Minimum supported Rust version
 //!

@@ -117,6 +117,9 @@ where
         parts: &request::Parts,
         reason: Option<crate::key::InvalidKey>,
     ) -> Self {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tower_once_idempotency_requests_total", "outcome" => "rejected")
+            .increment(1);
         tracing::debug!(
             method = %parts.method,
             path = parts.uri.path(),
@@ -266,13 +269,13 @@ where
                             result: Some(Ok(existing(this.span, record, this.fingerprint))),
                         },
                         Err(error) if settings.fail_open => {
-                            this.span.record("outcome", "unclaimed");
+                            record_outcome(this.span, "unclaimed");
                             tracing::warn!(%error, "idempotency store failed; running the request without a claim (fail-open)");
                             let future = this.service.call(request.map(RequestBody::full));
                             State::Unclaimed { future }
                         }
                         Err(error) => {
-                            this.span.record("outcome", "unavailable");
+                            record_outcome(this.span, "unavailable");
                             tracing::warn!(%error, "idempotency store failed; refusing the request (fail-closed)");
                             State::Finish {
                                 result: Some(Ok(problem(
@@ -357,13 +360,13 @@ where
                         Some(data) => {
                             // NOTE: the handler ran, so the key must stay taken even though the
                             // response cannot be replayed (see `Completion::NotReplayable`).
-                            this.span.record("outcome", "not_replayable");
+                            record_outcome(this.span, "not_replayable");
                             finish(this.claim, Completion::NotReplayable, settings.retention);
                             let prefix = collected.finish_with(data);
                             Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
                         }
                         None => {
-                            this.span.record("outcome", "stored");
+                            record_outcome(this.span, "stored");
                             let body = collected.finish();
                             let stored = StoredResponse {
                                 status: parts.status,
@@ -403,11 +406,19 @@ fn reject<Fut, ReqB, ResB: Body, CF, E>(
     span: &Span,
     kind: ProblemKind,
 ) -> State<Fut, ReqB, ResB, CF, E> {
-    span.record("outcome", "rejected");
+    record_outcome(span, "rejected");
     tracing::debug!(problem = kind.type_uri(), "idempotency request rejected");
     State::Finish {
         result: Some(Ok(problem(kind, None))),
     }
+}
+
+/// Records a covered request's final outcome on its span and, with the `metrics` feature, in
+/// `tower_once_idempotency_requests_total{outcome}`.
+fn record_outcome(span: &Span, outcome: &'static str) {
+    span.record("outcome", outcome);
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_once_idempotency_requests_total", "outcome" => outcome).increment(1);
 }
 
 fn problem<B: Body>(kind: ProblemKind, retry_after: Option<Duration>) -> Response<ResponseBody<B>> {
@@ -421,20 +432,20 @@ fn existing<B: Body>(
     fingerprint: &Fingerprint,
 ) -> Response<ResponseBody<B>> {
     if record.fingerprint != *fingerprint {
-        span.record("outcome", "mismatch");
+        record_outcome(span, "mismatch");
         return problem(ProblemKind::FingerprintMismatch, None);
     }
     match record.state {
         RecordState::InProgress { lease_remaining } => {
-            span.record("outcome", "conflict");
+            record_outcome(span, "conflict");
             problem(ProblemKind::InProgress, Some(lease_remaining))
         }
         RecordState::NotReplayable => {
-            span.record("outcome", "conflict");
+            record_outcome(span, "conflict");
             problem(ProblemKind::NotReplayable, None)
         }
         RecordState::Completed(stored) => {
-            span.record("outcome", "replayed");
+            record_outcome(span, "replayed");
             let mut response = Response::new(ResponseBody::full_with_trailers(
                 stored.body,
                 stored.trailers,
@@ -450,7 +461,7 @@ fn existing<B: Body>(
 }
 
 fn release<St: IdempotencyStore>(span: &Span, claim: &mut Option<ClaimGuard<St>>, why: &str) {
-    span.record("outcome", "released");
+    record_outcome(span, "released");
     tracing::debug!(reason = why, "releasing idempotency key");
     if let Some(claim) = claim {
         claim.release();

@@ -106,6 +106,7 @@
 //! |---------------|---------|
 //! | `redis`       | `store::redis`: `RedisStore` for Redis, Redis Cluster and Valkey |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
+//! | `metrics`     | `tower_once_idempotency_requests_total{outcome}`, one per covered request, through the `metrics` facade |
 //!
 //! # Minimum supported Rust version
 //!

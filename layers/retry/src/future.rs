@@ -1,6 +1,6 @@
 use crate::classify::{Action, Classify};
 use crate::error::{GiveUp, RetryError};
-use crate::hook::{OnRetry, RetryEvent, Stats};
+use crate::hook::{OnRetry, RetryEvent};
 use crate::layer::Config;
 use crate::service::in_attempt;
 use pin_project_lite::pin_project;
@@ -80,7 +80,7 @@ where
             Action::Retry { after } => after,
         };
         let give_up = |reason: GiveUp| {
-            Stats::add(&settings.stats.give_ups);
+            settings.stats.give_up(reason);
             tracing::debug!(
                 attempts = self.attempt,
                 reason = reason.as_str(),
@@ -111,11 +111,11 @@ where
         }
         if let Some(budget) = &settings.budget {
             if !budget.withdraw() {
-                Stats::add(&settings.stats.budget_refusals);
+                settings.stats.budget_refusal();
                 return give_up(GiveUp::Budget);
             }
         }
-        Stats::add(&settings.stats.retries);
+        settings.stats.retry(delay);
         self.config.hook.on_retry(&RetryEvent {
             attempt: self.attempt,
             delay,
@@ -186,7 +186,7 @@ where
                         )));
                     }
                     op.attempt += 1;
-                    Stats::add(&op.config.settings.stats.attempts);
+                    op.config.settings.stats.attempt();
                     let request = op.request.clone();
                     let service = &mut op.service;
                     let future = in_attempt(op.deadline, || service.call(request));

@@ -30,7 +30,7 @@
 
 use crate::classify::{Classify, HttpClassifier};
 use crate::error::{GiveUp, RetryError};
-use crate::hook::{OnRetry, Stats, StatsSnapshot};
+use crate::hook::{OnRetry, StatsSnapshot};
 use crate::layer::Config;
 use crate::service::{is_nested, start};
 use crate::RetryLayer;
@@ -199,8 +199,8 @@ where
         if !is_safe(&req) {
             tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
             let stats = &self.config.settings.stats;
-            Stats::add(&stats.operations);
-            Stats::add(&stats.attempts);
+            stats.operation();
+            stats.attempt();
             let mut service = service;
             return HttpResponseFuture::once(service.call(req.map(ReplayBody::streaming)));
         }
@@ -414,8 +414,8 @@ where
                     let collected = std::mem::take(collected);
                     let once = |body: ReplayBody<B>, service: S, template: ReplayRequest| {
                         let stats = &config.settings.stats;
-                        Stats::add(&stats.operations);
-                        Stats::add(&stats.attempts);
+                        stats.operation();
+                        stats.attempt();
                         let mut service = service;
                         service.call(template.into_request(body))
                     };

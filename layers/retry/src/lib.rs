@@ -69,6 +69,12 @@
 //! request carrying an `Idempotency-Key`), can stamp a fresh key on unkeyed `POST`/`PATCH`, and
 //! puts the operation's deadline in each attempt's extensions.
 //!
+//! # Feature flags
+//!
+//! | feature | enables |
+//! |---|---|
+//! | `metrics` | `tower_once_retry_{operations,attempts,retries,budget_refusals}_total`, `tower_once_retry_give_ups_total{reason}` and the histogram `tower_once_retry_delay_seconds`, through the `metrics` facade |
+//!
 //! # Minimum supported Rust version
 //!
 //! 1.88. Raising it is a minor-version change.

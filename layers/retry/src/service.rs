@@ -1,7 +1,7 @@
 use crate::classify::Classify;
 use crate::error::RetryError;
 use crate::future::{Operation, ResponseFuture};
-use crate::hook::{OnRetry, Stats};
+use crate::hook::OnRetry;
 use crate::layer::Config;
 use std::cell::Cell;
 use std::sync::Arc;
@@ -87,7 +87,7 @@ where
     let settings = &config.settings;
     // One clock reading serves the deadline and the budget: it is most of the happy path's cost.
     let now = tokio::time::Instant::now();
-    Stats::add(&settings.stats.operations);
+    settings.stats.operation();
     if let Some(budget) = &settings.budget {
         budget.deposit_at(now);
     }
@@ -96,7 +96,7 @@ where
         Some(outer) if outer < own => outer,
         _ => own,
     };
-    Stats::add(&settings.stats.attempts);
+    settings.stats.attempt();
     let first = in_attempt(deadline, || service.call(req.clone()));
     ResponseFuture::new(
         first,

@@ -54,6 +54,22 @@ impl fmt::Display for Elapsed {
 
 impl StdError for Elapsed {}
 
+impl Elapsed {
+    /// Counts this expiry in `tower_once_timeout_timeouts_total{bound, layer}` (feature
+    /// `metrics`); `layer` is `timeout`, `http_body` or `server`.
+    pub(crate) fn record(&self, layer: &'static str) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tower_once_timeout_timeouts_total",
+            "bound" => if self.deadline { "deadline" } else { "limit" },
+            "layer" => layer
+        )
+        .increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = layer;
+    }
+}
+
 /// The error of a [`Timeout`](crate::Timeout)-wrapped service: either the call timed out, or
 /// the inner service failed with its own, typed, error.
 ///

@@ -60,6 +60,12 @@
 //!   inner service.
 //! - Optional body cover, `grpc-timeout` in both directions, and gRPC-aware server answers.
 //!
+//! # Feature flags
+//!
+//! | feature | enables |
+//! |---|---|
+//! | `metrics` | `tower_once_timeout_timeouts_total{bound, layer}` through the `metrics` facade |
+//!
 //! # Minimum supported Rust version
 //!
 //! 1.88. Raising it is a minor-version change.

@@ -183,6 +183,7 @@ where
                 }
                 match sleep.poll(cx) {
                     Poll::Ready(()) => {
+                        elapsed.record("timeout");
                         tracing::debug!(limit = ?elapsed.limit(), deadline = elapsed.is_deadline(), "call timed out");
                         Poll::Ready(Err((*elapsed).into()))
                     }
@@ -190,6 +191,7 @@ where
                 }
             }
             KindProj::Spent { elapsed } => {
+                elapsed.record("timeout");
                 tracing::debug!("deadline already spent; inner service not called");
                 Poll::Ready(Err((*elapsed).into()))
             }

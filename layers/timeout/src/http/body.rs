@@ -77,6 +77,7 @@ impl<B: Body> Body for TimeoutBody<B> {
                 }
                 match sleep.as_pin_mut().map(|s| s.poll(cx)) {
                     Some(Poll::Ready(())) => {
+                        elapsed.record("http_body");
                         tracing::debug!(limit = ?elapsed.limit(), "response body timed out");
                         Poll::Ready(Some(Err((*elapsed).into())))
                     }

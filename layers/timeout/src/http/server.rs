@@ -202,6 +202,9 @@ where
                 if sleep.poll(cx).is_pending() {
                     return Poll::Pending;
                 }
+                #[cfg(feature = "metrics")]
+                metrics::counter!("tower_once_timeout_timeouts_total", "bound" => "limit", "layer" => "server")
+                    .increment(1);
                 tracing::debug!("handler timed out; answering without it");
                 expired.take()
             }
