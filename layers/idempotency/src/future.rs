@@ -113,6 +113,7 @@ where
     }
 
     pub(crate) fn rejected(
+        problems: &crate::problem::Problems,
         kind: ProblemKind,
         parts: &request::Parts,
         reason: Option<crate::key::InvalidKey>,
@@ -130,7 +131,7 @@ where
         );
         Self {
             kind: Kind::Respond {
-                response: Some(problem(kind, None)),
+                response: Some(problem(problems, kind, None)),
             },
         }
     }
@@ -227,10 +228,14 @@ where
                         };
                         match collected.push(data, settings.body_limit) {
                             Ok(()) => continue,
-                            Err(_) => reject(this.span, ProblemKind::BodyTooLarge),
+                            Err(_) => {
+                                reject(this.span, &settings.problems, ProblemKind::BodyTooLarge)
+                            }
                         }
                     }
-                    Some(Err(_)) => reject(this.span, ProblemKind::RequestBodyError),
+                    Some(Err(_)) => {
+                        reject(this.span, &settings.problems, ProblemKind::RequestBodyError)
+                    }
                     None => {
                         let Some(parts) = parts.take() else {
                             panic!("{POLLED_AFTER_COMPLETION}")
@@ -266,7 +271,12 @@ where
                             State::Run { future }
                         }
                         Ok(ClaimOutcome::Existing(record)) => State::Finish {
-                            result: Some(Ok(existing(this.span, record, this.fingerprint))),
+                            result: Some(Ok(existing(
+                                this.span,
+                                &settings.problems,
+                                record,
+                                this.fingerprint,
+                            ))),
                         },
                         Err(error) if settings.fail_open => {
                             record_outcome(this.span, "unclaimed");
@@ -279,6 +289,7 @@ where
                             tracing::warn!(%error, "idempotency store failed; refusing the request (fail-closed)");
                             State::Finish {
                                 result: Some(Ok(problem(
+                                    &settings.problems,
                                     ProblemKind::StoreUnavailable,
                                     Some(settings.unavailable_retry_after),
                                 ))),
@@ -346,7 +357,11 @@ where
                         },
                         Some(Err(_)) => {
                             release(this.span, this.claim, "response body failed");
-                            let result = Some(Ok(problem(ProblemKind::ResponseBodyError, None)));
+                            let result = Some(Ok(problem(
+                                &settings.problems,
+                                ProblemKind::ResponseBodyError,
+                                None,
+                            )));
                             this.state.set(State::Finish { result });
                             continue;
                         }
@@ -404,12 +419,13 @@ where
 
 fn reject<Fut, ReqB, ResB: Body, CF, E>(
     span: &Span,
+    problems: &crate::problem::Problems,
     kind: ProblemKind,
 ) -> State<Fut, ReqB, ResB, CF, E> {
     record_outcome(span, "rejected");
     tracing::debug!(problem = kind.type_uri(), "idempotency request rejected");
     State::Finish {
-        result: Some(Ok(problem(kind, None))),
+        result: Some(Ok(problem(problems, kind, None))),
     }
 }
 
@@ -421,28 +437,33 @@ fn record_outcome(span: &Span, outcome: &'static str) {
     metrics::counter!("tower_once_idempotency_requests_total", "outcome" => outcome).increment(1);
 }
 
-fn problem<B: Body>(kind: ProblemKind, retry_after: Option<Duration>) -> Response<ResponseBody<B>> {
-    kind.response(retry_after).map(ResponseBody::full)
+fn problem<B: Body>(
+    problems: &crate::problem::Problems,
+    kind: ProblemKind,
+    retry_after: Option<Duration>,
+) -> Response<ResponseBody<B>> {
+    problems.response(kind, retry_after).map(ResponseBody::full)
 }
 
 /// The answer to a request whose key is held by an existing record.
 fn existing<B: Body>(
     span: &Span,
+    problems: &crate::problem::Problems,
     record: ExistingRecord,
     fingerprint: &Fingerprint,
 ) -> Response<ResponseBody<B>> {
     if record.fingerprint != *fingerprint {
         record_outcome(span, "mismatch");
-        return problem(ProblemKind::FingerprintMismatch, None);
+        return problem(problems, ProblemKind::FingerprintMismatch, None);
     }
     match record.state {
         RecordState::InProgress { lease_remaining } => {
             record_outcome(span, "conflict");
-            problem(ProblemKind::InProgress, Some(lease_remaining))
+            problem(problems, ProblemKind::InProgress, Some(lease_remaining))
         }
         RecordState::NotReplayable => {
             record_outcome(span, "conflict");
-            problem(ProblemKind::NotReplayable, None)
+            problem(problems, ProblemKind::NotReplayable, None)
         }
         RecordState::Completed(stored) => {
             record_outcome(span, "replayed");

@@ -60,6 +60,7 @@ pub(crate) struct Settings {
     pub(crate) fail_open: bool,
     pub(crate) unavailable_retry_after: Duration,
     pub(crate) strip_headers: Vec<HeaderName>,
+    pub(crate) problems: crate::problem::Problems,
 }
 
 /// The default `Idempotency-Key` header name.
@@ -109,6 +110,7 @@ impl<St> IdempotencyLayer<St> {
                     fail_open: false,
                     unavailable_retry_after: Duration::from_secs(1),
                     strip_headers: Vec::new(),
+                    problems: Default::default(),
                 },
                 scope: (),
                 fingerprinter: Sha256Fingerprint,
@@ -234,6 +236,40 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// which never are). For example a per-response `Set-Cookie`.
     pub fn strip_header(mut self, name: HeaderName) -> Self {
         self.config.settings.strip_headers.push(name);
+        self
+    }
+
+    /// Builds the layer's own error responses (`400`, `409`, `413`, `422`, `500`, `503`) with
+    /// `f` instead of RFC 9457 problem documents, for APIs with an error format of their own.
+    /// `f` gets the case and, for `409` and `503`, the wait to advertise; keep the status of
+    /// [`ProblemKind::status`](crate::problem::ProblemKind::status) and send `Retry-After` when
+    /// given one, or clients (and `RetryLayer`) cannot tell what to do.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_once_idempotency::{problem::ProblemKind, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::new().problem_response(|kind: ProblemKind, retry_after| {
+    ///     let mut res = http::Response::new(Bytes::from(format!(
+    ///         r#"{{"error":{{"code":"{}"}}}}"#,
+    ///         kind.type_uri().rsplit(':').next().unwrap_or("error")
+    ///     )));
+    ///     *res.status_mut() = kind.status();
+    ///     if let Some(after) = retry_after {
+    ///         res.headers_mut().insert("retry-after", after.as_secs().max(1).into());
+    ///     }
+    ///     res
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn problem_response<R>(mut self, f: R) -> Self
+    where
+        R: Fn(crate::problem::ProblemKind, Option<Duration>) -> http::Response<bytes::Bytes>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.config.settings.problems = crate::problem::Problems::custom(Arc::new(f));
         self
     }
 

@@ -161,6 +161,42 @@ impl ProblemKind {
     }
 }
 
+/// A user-supplied builder of the layer's error responses; see
+/// [`IdempotencyLayer::problem_response`](crate::IdempotencyLayer::problem_response).
+pub(crate) type ProblemFn =
+    dyn Fn(ProblemKind, Option<Duration>) -> Response<Bytes> + Send + Sync + 'static;
+
+/// How the layer builds its error responses: [`ProblemKind::response`] or the user's function.
+#[derive(Clone, Default)]
+pub(crate) struct Problems(Option<std::sync::Arc<ProblemFn>>);
+
+impl Problems {
+    pub(crate) fn custom(f: std::sync::Arc<ProblemFn>) -> Self {
+        Self(Some(f))
+    }
+
+    pub(crate) fn response(
+        &self,
+        kind: ProblemKind,
+        retry_after: Option<Duration>,
+    ) -> Response<Bytes> {
+        match &self.0 {
+            Some(custom) => custom(kind, retry_after),
+            None => kind.response(retry_after),
+        }
+    }
+}
+
+impl std::fmt::Debug for Problems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "custom"
+        } else {
+            "application/problem+json"
+        })
+    }
+}
+
 /// `Retry-After` delta-seconds for `after`, rounded up, at least 1.
 pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
     let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);

@@ -101,20 +101,31 @@ where
         let mut values = parts.headers.get_all(&settings.header).iter();
         let key = match (values.next(), values.next()) {
             (None, _) if settings.require_key => {
-                return ResponseFuture::rejected(ProblemKind::MissingKey, &parts, None);
+                return ResponseFuture::rejected(
+                    &settings.problems,
+                    ProblemKind::MissingKey,
+                    &parts,
+                    None,
+                );
             }
             (None, _) => {
                 let req = Request::from_parts(parts, RequestBody::streaming(body));
                 return ResponseFuture::passthrough(self.inner.call(req));
             }
             (Some(_), Some(_)) => {
-                return ResponseFuture::rejected(ProblemKind::InvalidKey, &parts, None);
+                return ResponseFuture::rejected(
+                    &settings.problems,
+                    ProblemKind::InvalidKey,
+                    &parts,
+                    None,
+                );
             }
             (Some(value), None) => {
                 match crate::key::parse(value.as_bytes(), settings.max_key_len) {
                     Ok(key) => key,
                     Err(reason) => {
                         return ResponseFuture::rejected(
+                            &settings.problems,
                             ProblemKind::InvalidKey,
                             &parts,
                             Some(reason),
@@ -130,7 +141,12 @@ where
             .unwrap_or(0);
         let limit = settings.body_limit as u64;
         if declared > limit || body.size_hint().lower() > limit {
-            return ResponseFuture::rejected(ProblemKind::BodyTooLarge, &parts, None);
+            return ResponseFuture::rejected(
+                &settings.problems,
+                ProblemKind::BodyTooLarge,
+                &parts,
+                None,
+            );
         }
         let scope = self.config.scope.scope(&parts);
         let store_key = StoreKey::derive(scope.as_ref(), &parts, &key);
