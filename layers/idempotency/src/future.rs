@@ -66,6 +66,8 @@ pin_project! {
         token: ClaimToken,
         fingerprint: Fingerprint,
         claim: Option<ClaimGuard<St>>,
+        // Whether the client speaks gRPC (the layer then answers with gRPC statuses).
+        grpc: bool,
         span: Span,
     }
 }
@@ -131,7 +133,7 @@ where
         );
         Self {
             kind: Kind::Respond {
-                response: Some(problem(problems, kind, None)),
+                response: Some(problem(problems, is_grpc(&parts.headers), kind, None)),
             },
         }
     }
@@ -144,6 +146,7 @@ where
         parts: request::Parts,
         body: ReqB,
     ) -> Self {
+        let grpc = is_grpc(&parts.headers);
         let span = tracing::info_span!(
             "idempotency",
             method = %parts.method,
@@ -167,6 +170,7 @@ where
                     token: ClaimToken::new(),
                     fingerprint: Fingerprint::from_bytes([0; 32]),
                     claim: None,
+                    grpc,
                     span,
                 },
             },
@@ -228,14 +232,20 @@ where
                         };
                         match collected.push(data, settings.body_limit) {
                             Ok(()) => continue,
-                            Err(_) => {
-                                reject(this.span, &settings.problems, ProblemKind::BodyTooLarge)
-                            }
+                            Err(_) => reject(
+                                this.span,
+                                &settings.problems,
+                                *this.grpc,
+                                ProblemKind::BodyTooLarge,
+                            ),
                         }
                     }
-                    Some(Err(_)) => {
-                        reject(this.span, &settings.problems, ProblemKind::RequestBodyError)
-                    }
+                    Some(Err(_)) => reject(
+                        this.span,
+                        &settings.problems,
+                        *this.grpc,
+                        ProblemKind::RequestBodyError,
+                    ),
                     None => {
                         let Some(parts) = parts.take() else {
                             panic!("{POLLED_AFTER_COMPLETION}")
@@ -274,6 +284,7 @@ where
                             result: Some(Ok(existing(
                                 this.span,
                                 &settings.problems,
+                                *this.grpc,
                                 record,
                                 this.fingerprint,
                             ))),
@@ -290,6 +301,7 @@ where
                             State::Finish {
                                 result: Some(Ok(problem(
                                     &settings.problems,
+                                    *this.grpc,
                                     ProblemKind::StoreUnavailable,
                                     Some(settings.unavailable_retry_after),
                                 ))),
@@ -359,6 +371,7 @@ where
                             release(this.span, this.claim, "response body failed");
                             let result = Some(Ok(problem(
                                 &settings.problems,
+                                *this.grpc,
                                 ProblemKind::ResponseBodyError,
                                 None,
                             )));
@@ -379,6 +392,19 @@ where
                             finish(this.claim, Completion::NotReplayable, settings.retention);
                             let prefix = collected.finish_with(data);
                             Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
+                        }
+                        None if trailers
+                            .as_ref()
+                            .is_some_and(|t| !this.config.predicate.should_store_trailers(t)) =>
+                        {
+                            // NOTE: e.g. a gRPC UNAVAILABLE in the trailers: a failure to retry,
+                            // not an answer to replay.
+                            release(this.span, this.claim, "trailers say the call failed");
+                            let body = ResponseBody::full_with_trailers(
+                                collected.finish(),
+                                trailers.take(),
+                            );
+                            Response::from_parts(parts, body)
                         }
                         None => {
                             record_outcome(this.span, "stored");
@@ -420,12 +446,13 @@ where
 fn reject<Fut, ReqB, ResB: Body, CF, E>(
     span: &Span,
     problems: &crate::problem::Problems,
+    grpc: bool,
     kind: ProblemKind,
 ) -> State<Fut, ReqB, ResB, CF, E> {
     record_outcome(span, "rejected");
     tracing::debug!(problem = kind.type_uri(), "idempotency request rejected");
     State::Finish {
-        result: Some(Ok(problem(problems, kind, None))),
+        result: Some(Ok(problem(problems, grpc, kind, None))),
     }
 }
 
@@ -439,31 +466,47 @@ fn record_outcome(span: &Span, outcome: &'static str) {
 
 fn problem<B: Body>(
     problems: &crate::problem::Problems,
+    grpc: bool,
     kind: ProblemKind,
     retry_after: Option<Duration>,
 ) -> Response<ResponseBody<B>> {
-    problems.response(kind, retry_after).map(ResponseBody::full)
+    problems
+        .response(kind, retry_after, grpc)
+        .map(ResponseBody::full)
+}
+
+/// Whether a request speaks gRPC, whose clients expect `grpc-status` rather than HTTP errors.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The answer to a request whose key is held by an existing record.
 fn existing<B: Body>(
     span: &Span,
     problems: &crate::problem::Problems,
+    grpc: bool,
     record: ExistingRecord,
     fingerprint: &Fingerprint,
 ) -> Response<ResponseBody<B>> {
     if record.fingerprint != *fingerprint {
         record_outcome(span, "mismatch");
-        return problem(problems, ProblemKind::FingerprintMismatch, None);
+        return problem(problems, grpc, ProblemKind::FingerprintMismatch, None);
     }
     match record.state {
         RecordState::InProgress { lease_remaining } => {
             record_outcome(span, "conflict");
-            problem(problems, ProblemKind::InProgress, Some(lease_remaining))
+            problem(
+                problems,
+                grpc,
+                ProblemKind::InProgress,
+                Some(lease_remaining),
+            )
         }
         RecordState::NotReplayable => {
             record_outcome(span, "conflict");
-            problem(problems, ProblemKind::NotReplayable, None)
+            problem(problems, grpc, ProblemKind::NotReplayable, None)
         }
         RecordState::Completed(stored) => {
             record_outcome(span, "replayed");

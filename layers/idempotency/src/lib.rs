@@ -62,7 +62,9 @@
 //! | store unreachable, slow or full                  | `503` + `Retry-After` (or run unclaimed with [`fail_open`](IdempotencyLayer::fail_open)) | no |
 //!
 //! The layer's own errors are `application/problem+json` with a stable `type` URI: see
-//! [`problem`]. Stored responses keep every header but hop-by-hop ones and those named with
+//! [`problem`]. gRPC clients get gRPC statuses instead, and a gRPC status in the response
+//! headers or trailers decides storing the way an HTTP status does ([`predicate`]): a transient
+//! code such as `UNAVAILABLE` releases the key, a final one is stored with its trailers. Stored responses keep every header but hop-by-hop ones and those named with
 //! [`strip_header`](IdempotencyLayer::strip_header).
 //!
 //! # Crashes and leases

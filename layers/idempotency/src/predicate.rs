@@ -8,6 +8,14 @@
 //! | 5xx                                        | release          |
 //! | inner service error, future dropped        | release (always) |
 //!
+//! gRPC answers HTTP `200` and puts its status in `grpc-status`, in the headers of a
+//! trailers-only response or in the trailers. The default reads it in both places and maps it the
+//! same way: final codes are stored (`OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
+//! `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`,
+//! `UNAUTHENTICATED`); transient ones release the key (`CANCELLED`, `UNKNOWN`,
+//! `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `INTERNAL`, `UNAVAILABLE`,
+//! `DATA_LOSS`, and any unknown code).
+//!
 //! A stored 4xx means "this request is wrong": retrying it unchanged cannot succeed, and replaying
 //! the same answer is what the IETF draft and Stripe do. 408, 425 and 429 say "not now", so the
 //! client's retry should run. Replace the rule with
@@ -15,7 +23,7 @@
 //! `Fn(&http::response::Parts) -> bool` is a [`StorePredicate`].
 
 use http::response::Parts;
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 
 /// Decides whether a response is stored (`true`) or its key released (`false`).
 ///
@@ -39,6 +47,14 @@ use http::StatusCode;
 pub trait StorePredicate {
     /// Whether the response with these parts is stored for replay.
     fn should_store(&self, parts: &Parts) -> bool;
+
+    /// Asked once the body has ended with `trailers`, for a response
+    /// [`should_store`](Self::should_store) accepted: whether it is still stored. The default
+    /// keeps it; [`DefaultPredicate`] reads gRPC's `grpc-status` here.
+    fn should_store_trailers(&self, trailers: &HeaderMap) -> bool {
+        let _ = trailers;
+        true
+    }
 }
 
 impl<F> StorePredicate for F
@@ -57,9 +73,55 @@ pub struct DefaultPredicate;
 impl StorePredicate for DefaultPredicate {
     fn should_store(&self, parts: &Parts) -> bool {
         let status = parts.status;
-        !(status.is_server_error()
+        let http_final = !(status.is_server_error()
             || status == StatusCode::REQUEST_TIMEOUT
             || status.as_u16() == 425
-            || status == StatusCode::TOO_MANY_REQUESTS)
+            || status == StatusCode::TOO_MANY_REQUESTS);
+        http_final && self.should_store_trailers(&parts.headers)
+    }
+
+    fn should_store_trailers(&self, trailers: &HeaderMap) -> bool {
+        match trailers.get("grpc-status") {
+            None => true,
+            Some(code) => matches!(
+                code.as_bytes(),
+                b"0" | b"3" | b"5" | b"6" | b"7" | b"9" | b"11" | b"12" | b"16"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_codes_in_headers_and_trailers() {
+        let with = |code: &'static str| {
+            let mut res = http::Response::new(());
+            res.headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(code));
+            res.into_parts().0
+        };
+        for code in ["0", "3", "5", "6", "7", "9", "11", "12", "16"] {
+            assert!(
+                DefaultPredicate.should_store(&with(code)),
+                "{code} is final: store"
+            );
+            assert!(DefaultPredicate.should_store_trailers(&with(code).headers));
+        }
+        for code in ["1", "2", "4", "8", "10", "13", "14", "15", "99", "x"] {
+            assert!(
+                !DefaultPredicate.should_store(&with(code)),
+                "{code} is transient: release"
+            );
+            assert!(!DefaultPredicate.should_store_trailers(&with(code).headers));
+        }
+        assert!(DefaultPredicate.should_store_trailers(&HeaderMap::new()));
+        let closure = |_: &Parts| true;
+        assert!(
+            closure.should_store_trailers(&with("14").headers),
+            "closures keep the default"
+        );
     }
 }

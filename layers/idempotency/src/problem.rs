@@ -14,6 +14,13 @@
 //! | store unreachable or full     | 503    | `urn:tower-once:idempotency:store-unavailable`      | configured    |
 //!
 //! Clients should branch on `type`, not on `title` or `detail`.
+//!
+//! gRPC requests (`content-type: application/grpc...`) get gRPC statuses instead, in a
+//! trailers-only response ([`ProblemKind::grpc_response`]): `INVALID_ARGUMENT` for a missing or
+//! malformed key or an unreadable body, `RESOURCE_EXHAUSTED` for a body over the limit,
+//! `UNAVAILABLE` with `grpc-retry-pushback-ms` for "in progress" and "store unavailable",
+//! `FAILED_PRECONDITION` for a reused key or a response not kept, `INTERNAL` for a failed
+//! response body.
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -124,6 +131,54 @@ impl ProblemKind {
         }
     }
 
+    /// The gRPC status code this case answers gRPC clients with.
+    ///
+    /// ```
+    /// use tower_once_idempotency::problem::ProblemKind;
+    ///
+    /// assert_eq!(ProblemKind::InProgress.grpc_code(), 14); // UNAVAILABLE, with a pushback
+    /// assert_eq!(ProblemKind::FingerprintMismatch.grpc_code(), 9); // FAILED_PRECONDITION
+    /// ```
+    pub const fn grpc_code(self) -> u8 {
+        match self {
+            Self::MissingKey | Self::InvalidKey | Self::RequestBodyError => 3,
+            Self::BodyTooLarge => 8,
+            Self::NotReplayable | Self::FingerprintMismatch => 9,
+            Self::ResponseBodyError => 13,
+            Self::InProgress | Self::StoreUnavailable => 14,
+        }
+    }
+
+    /// The trailers-only gRPC response for this case: HTTP `200`, `content-type:
+    /// application/grpc`, `grpc-status`, `grpc-message` (the title), and
+    /// `grpc-retry-pushback-ms` when `retry_after` is given (gRPC's `Retry-After`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_once_idempotency::problem::ProblemKind;
+    ///
+    /// let res = ProblemKind::InProgress.grpc_response(Some(Duration::from_millis(1500)));
+    /// assert_eq!(res.status(), 200);
+    /// assert_eq!(res.headers()["grpc-status"], "14");
+    /// assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1500");
+    /// ```
+    pub fn grpc_response(self, retry_after: Option<Duration>) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_code())),
+        );
+        // Titles are printable ASCII without '%': valid percent-encoded grpc-messages as they are.
+        headers.insert("grpc-message", HeaderValue::from_static(self.title()));
+        if let Some(after) = retry_after {
+            let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+        }
+        response
+    }
+
     /// The complete `application/problem+json` body.
     pub fn body(self) -> Bytes {
         let (type_uri, title, detail) = self.strings();
@@ -179,9 +234,11 @@ impl Problems {
         &self,
         kind: ProblemKind,
         retry_after: Option<Duration>,
+        grpc: bool,
     ) -> Response<Bytes> {
         match &self.0 {
             Some(custom) => custom(kind, retry_after),
+            None if grpc => kind.grpc_response(retry_after),
             None => kind.response(retry_after),
         }
     }
