@@ -285,6 +285,7 @@ where
                                 this.span,
                                 &settings.problems,
                                 *this.grpc,
+                                settings.in_progress_retry_after,
                                 record,
                                 this.fingerprint,
                             ))),
@@ -487,6 +488,7 @@ fn existing<B: Body>(
     span: &Span,
     problems: &crate::problem::Problems,
     grpc: bool,
+    in_progress_retry_after: Duration,
     record: ExistingRecord,
     fingerprint: &Fingerprint,
 ) -> Response<ResponseBody<B>> {
@@ -497,12 +499,8 @@ fn existing<B: Body>(
     match record.state {
         RecordState::InProgress { lease_remaining } => {
             record_outcome(span, "conflict");
-            problem(
-                problems,
-                grpc,
-                ProblemKind::InProgress,
-                Some(lease_remaining),
-            )
+            let after = lease_remaining.min(in_progress_retry_after);
+            problem(problems, grpc, ProblemKind::InProgress, Some(after))
         }
         RecordState::NotReplayable => {
             record_outcome(span, "conflict");

@@ -59,6 +59,7 @@ pub(crate) struct Settings {
     pub(crate) retention: Duration,
     pub(crate) fail_open: bool,
     pub(crate) unavailable_retry_after: Duration,
+    pub(crate) in_progress_retry_after: Duration,
     pub(crate) strip_headers: Vec<HeaderName>,
     pub(crate) problems: crate::problem::Problems,
 }
@@ -109,6 +110,7 @@ impl<St> IdempotencyLayer<St> {
                     retention: Duration::from_secs(24 * 3600),
                     fail_open: false,
                     unavailable_retry_after: Duration::from_secs(1),
+                    in_progress_retry_after: Duration::from_secs(1),
                     strip_headers: Vec::new(),
                     problems: Default::default(),
                 },
@@ -223,6 +225,16 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// then run twice).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.settings.fail_open = fail_open;
+        self
+    }
+
+    /// The wait advertised to a duplicate that arrives while the first request runs (`409` with
+    /// `Retry-After`, or gRPC `UNAVAILABLE` with `grpc-retry-pushback-ms`): the smaller of this
+    /// and the lease left. Default 1 s. The lease bounds how long a *crashed* owner holds the
+    /// key; a live handler usually finishes much sooner, so advertising the whole lease would
+    /// make clients wait (or give up) for nothing.
+    pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
+        self.config.settings.in_progress_retry_after = after;
         self
     }
 

@@ -53,7 +53,7 @@
 //! |--------------------------------------------------|-------------------------------------------------|--------------|
 //! | new key                                          | the handler's response (stored if 2xx/3xx/4xx)  | yes, once    |
 //! | same key, same request, completed                | stored status, headers, body, trailers + `Idempotent-Replayed: true` | no |
-//! | same key, same request, still running            | `409` + `Retry-After` (lease left)              | no           |
+//! | same key, same request, still running            | `409` + `Retry-After` (lease left, at most 1 s) | no           |
 //! | same key, different method/path/query/body       | `422`                                           | no           |
 //! | handler answered 5xx, 408, 425 or 429, failed, or the client went away mid-run | the handler's answer; key released | next retry runs it |
 //! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; duplicates `409` | no |

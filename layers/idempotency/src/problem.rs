@@ -7,7 +7,7 @@
 //! | key malformed                 | 400    | `urn:tower-once:idempotency:invalid-key`            |               |
 //! | request body unreadable       | 400    | `urn:tower-once:idempotency:request-body-error`     |               |
 //! | request body over the limit   | 413    | `urn:tower-once:idempotency:body-too-large`         |               |
-//! | same key still in progress    | 409    | `urn:tower-once:idempotency:in-progress`            | lease left    |
+//! | same key still in progress    | 409    | `urn:tower-once:idempotency:in-progress`            | min(lease left, 1 s) |
 //! | same key, completed, response too large to keep | 409 | `urn:tower-once:idempotency:not-replayable` |      |
 //! | same key, different request   | 422    | `urn:tower-once:idempotency:fingerprint-mismatch`   |               |
 //! | handler's response body failed | 500  | `urn:tower-once:idempotency:response-body-error`    |               |

@@ -217,14 +217,9 @@ async fn duplicate_while_running_is_409_with_retry_after() {
     let dup = send(&mut svc.clone(), post("/c?sleep_ms=5000", Some("k"), "x")).await;
     assert_eq!(dup.status, StatusCode::CONFLICT);
     assert_eq!(dup.problem_type(), "urn:tower-once:idempotency:in-progress");
-    let retry_after: u64 = dup.headers["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        (1..=10).contains(&retry_after),
-        "Retry-After is the lease left: {retry_after}"
+    assert_eq!(
+        dup.headers["retry-after"], "1",
+        "a short hint (default 1 s), not the 10 s lease"
     );
     assert_eq!(handler.runs(), 1, "the duplicate did not run");
 
@@ -233,6 +228,34 @@ async fn duplicate_while_running_is_409_with_retry_after() {
     let after = send(&mut svc.clone(), post("/c?sleep_ms=5000", Some("k"), "x")).await;
     assert!(after.replayed());
     assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_in_progress_hint_is_configurable_and_capped_by_the_lease() {
+    let handler = Handler::default();
+    for (lease, hint, expected) in [(30, 3, "3"), (2, 60, "2")] {
+        let svc = layer()
+            .lease(Duration::from_secs(lease))
+            .in_progress_retry_after(Duration::from_secs(hint))
+            .layer(handler.clone());
+        let mut first = svc.clone();
+        let key = format!("k{lease}");
+        let running = {
+            let key = key.clone();
+            tokio::spawn(
+                async move { send(&mut first, post("/c?sleep_ms=500", Some(&key), "x")).await },
+            )
+        };
+        tokio::task::yield_now().await;
+        let dup = send(&mut svc.clone(), post("/c?sleep_ms=500", Some(&key), "x")).await;
+        assert_eq!(dup.status, StatusCode::CONFLICT);
+        assert_eq!(
+            dup.headers["retry-after"], expected,
+            "lease {lease} s, hint {hint} s"
+        );
+        running.await.unwrap();
+    }
+    assert_eq!(handler.runs(), 2);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,255 @@
+//! tonic on both ends, over real HTTP/2 on loopback: `IdempotencyLayer` on a tonic server,
+//! `RetryLayer` + `HttpTimeoutLayer` on a tonic `Channel`. Messages are raw bytes (a codec of
+//! our own), so no protobuf tooling is needed; generated code calls the same tonic APIs.
+#![cfg(all(feature = "retry", feature = "timeout"))]
+
+use bytes::{Buf, BufMut, Bytes};
+use http::uri::PathAndQuery;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tonic::body::Body;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Code, Status};
+use tower::{Service, ServiceBuilder};
+use tower_once::idempotency::IdempotencyLayer;
+use tower_once::retry::{classify::HttpClassifier, http::ReplayBody, RetryLayer};
+use tower_once::timeout::http::HttpTimeoutLayer;
+
+/// Messages are their bytes.
+#[derive(Debug, Clone, Default)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// `demo.Charges/Create`: the message says what to do. `unavailable-once` fails with
+/// UNAVAILABLE on its first run; `invalid` is INVALID_ARGUMENT; `slow` takes 300 ms; anything
+/// else is charged. Records each run and the `grpc-timeout` it was sent with.
+#[derive(Clone, Default)]
+struct Charges {
+    runs: Arc<AtomicUsize>,
+    timeouts: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+impl tonic::server::NamedService for Charges {
+    const NAME: &'static str = "demo.Charges";
+}
+
+impl Service<http::Request<Body>> for Charges {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let handler = tower::service_fn(move |req: tonic::Request<Bytes>| {
+                let this = this.clone();
+                async move {
+                    let run = this.runs.fetch_add(1, SeqCst);
+                    let timeout = req
+                        .metadata()
+                        .get("grpc-timeout")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    this.timeouts.lock().unwrap().push(timeout);
+                    match req.get_ref().as_ref() {
+                        b"unavailable-once" if run == 0 => Err(Status::unavailable("warming up")),
+                        b"invalid" => Err(Status::invalid_argument("amount must be positive")),
+                        b"slow" => {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            Ok(tonic::Response::new(Bytes::from(format!("charge #{run}"))))
+                        }
+                        _ => Ok(tonic::Response::new(Bytes::from(format!("charge #{run}")))),
+                    }
+                }
+            });
+            let mut grpc = tonic::server::Grpc::new(RawCodec);
+            Ok(grpc.unary(handler, req).await)
+        })
+    }
+}
+
+async fn server(charges: Charges) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(IdempotencyLayer::new())
+            .add_service(charges)
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    format!("http://{addr}")
+}
+
+/// A Channel takes tonic's own body type.
+fn to_tonic_body(req: http::Request<ReplayBody<Body>>) -> http::Request<Body> {
+    req.map(Body::new)
+}
+
+type ToTonic = fn(http::Request<ReplayBody<Body>>) -> http::Request<Body>;
+
+type Client = tower_once::retry::http::HttpRetry<
+    tower_once::timeout::http::HttpTimeout<
+        tower::util::MapRequest<tonic::transport::Channel, ToTonic>,
+    >,
+    HttpClassifier,
+    (),
+>;
+
+/// A tonic client: retries (stamping one idempotency key per call) over a per-attempt timeout
+/// that sends `grpc-timeout`, over a tonic `Channel`.
+async fn client(url: String) -> Client {
+    let channel = tonic::transport::Channel::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .classify(HttpClassifier)
+                .deadline(Duration::from_secs(5))
+                .rng_seed(1)
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(2)).propagate_grpc_timeout())
+        .map_request(to_tonic_body as ToTonic)
+        .service(channel)
+}
+
+async fn create(
+    client: &Client,
+    message: &'static [u8],
+    key: Option<&'static str>,
+) -> Result<Bytes, Status> {
+    let mut grpc = tonic::client::Grpc::new(client.clone());
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.to_string()))?;
+    let mut request = tonic::Request::new(Bytes::from_static(message));
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("idempotency-key", key.parse().unwrap());
+    }
+    let path = PathAndQuery::from_static("/demo.Charges/Create");
+    grpc.unary(request, path, RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn unavailable_is_retried_and_the_server_sees_the_budget() {
+    let charges = Charges::default();
+    let client = client(server(charges.clone()).await).await;
+    let reply = create(&client, b"unavailable-once", None).await.unwrap();
+    assert_eq!(reply, "charge #1", "the second run answered");
+    assert_eq!(
+        charges.runs.load(SeqCst),
+        2,
+        "UNAVAILABLE released the key, so the retry ran"
+    );
+    let timeouts = charges.timeouts.lock().unwrap().clone();
+    assert!(
+        timeouts.iter().all(|t| t
+            .as_deref()
+            .is_some_and(|t| t.ends_with('u') || t.ends_with('m'))),
+        "{timeouts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_key_replays_the_stored_status_and_message() {
+    let charges = Charges::default();
+    let client = client(server(charges.clone()).await).await;
+    let first = create(&client, b"two widgets", Some("order-1"))
+        .await
+        .unwrap();
+    let again = create(&client, b"two widgets", Some("order-1"))
+        .await
+        .unwrap();
+    assert_eq!(first, again, "the replay carries the stored message");
+    assert_eq!(charges.runs.load(SeqCst), 1);
+
+    let invalid = create(&client, b"invalid", Some("order-2"))
+        .await
+        .unwrap_err();
+    let replayed = create(&client, b"invalid", Some("order-2"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (invalid.code(), replayed.code()),
+        (Code::InvalidArgument, Code::InvalidArgument)
+    );
+    assert_eq!(
+        replayed.message(),
+        "amount must be positive",
+        "the stored status replays, message and all"
+    );
+    assert_eq!(
+        charges.runs.load(SeqCst),
+        2,
+        "INVALID_ARGUMENT is final: stored, not rerun"
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_in_flight_waits_for_the_pushback_and_gets_the_replay() {
+    let charges = Charges::default();
+    let client = client(server(charges.clone()).await).await;
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { create(&client, b"slow", Some("order-3")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The server answers UNAVAILABLE + grpc-retry-pushback-ms (the lease left); the client's
+    // retry layer waits that long, then gets the stored reply.
+    let duplicate = create(&client, b"slow", Some("order-3")).await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(duplicate, first);
+    assert_eq!(
+        charges.runs.load(SeqCst),
+        1,
+        "the duplicate never ran the handler"
+    );
+}
