@@ -61,6 +61,8 @@ impl Decoder for RawCodec {
 /// else is charged. Records each run and the `grpc-timeout` it was sent with.
 #[derive(Clone, Default)]
 struct Charges {
+    /// Counts in `call` (for the Flaky method) rather than in the handler.
+    flaky: bool,
     runs: Arc<AtomicUsize>,
     timeouts: Arc<Mutex<Vec<Option<String>>>>,
 }
@@ -80,11 +82,28 @@ impl Service<http::Request<Body>> for Charges {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let this = self.clone();
+        if req.uri().path() == "/demo.Charges/Flaky" && this.runs.fetch_add(1, SeqCst) == 0 {
+            // Headers first, then UNAVAILABLE in the trailers (not trailers-only).
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("14"));
+            let frames = vec![Ok::<_, Status>(http_body::Frame::trailers(trailers))];
+            let body = Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+                frames,
+            )));
+            let response = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body);
+            return Box::pin(async move { Ok(response.unwrap()) });
+        }
         Box::pin(async move {
             let handler = tower::service_fn(move |req: tonic::Request<Bytes>| {
                 let this = this.clone();
                 async move {
-                    let run = this.runs.fetch_add(1, SeqCst);
+                    let run = if this.flaky {
+                        this.runs.load(SeqCst)
+                    } else {
+                        this.runs.fetch_add(1, SeqCst)
+                    };
                     let timeout = req
                         .metadata()
                         .get("grpc-timeout")
@@ -162,6 +181,21 @@ async fn create(
     message: &'static [u8],
     key: Option<&'static str>,
 ) -> Result<Bytes, Status> {
+    call(client, "/demo.Charges/Create", message, key).await
+}
+
+async fn call<T>(
+    client: &T,
+    path: &'static str,
+    message: &'static [u8],
+    key: Option<&'static str>,
+) -> Result<Bytes, Status>
+where
+    T: tonic::client::GrpcService<Body> + Clone,
+    T::ResponseBody: axum::body::HttpBody<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as axum::body::HttpBody>::Error: Into<tower::BoxError>,
+    T::Error: std::fmt::Display,
+{
     let mut grpc = tonic::client::Grpc::new(client.clone());
     grpc.ready()
         .await
@@ -172,7 +206,7 @@ async fn create(
             .metadata_mut()
             .insert("idempotency-key", key.parse().unwrap());
     }
-    let path = PathAndQuery::from_static("/demo.Charges/Create");
+    let path = PathAndQuery::from_static(path);
     grpc.unary(request, path, RawCodec)
         .await
         .map(tonic::Response::into_inner)
@@ -252,4 +286,64 @@ async fn a_duplicate_in_flight_waits_for_the_pushback_and_gets_the_replay() {
         1,
         "the duplicate never ran the handler"
     );
+}
+
+type TrailersClient = tower_once::retry::http::HttpRetry<
+    tower_once::timeout::http::HttpTimeout<
+        tower_once::retry::grpc::GrpcTrailersService<
+            tower::util::MapRequest<tonic::transport::Channel, ToTonic>,
+        >,
+    >,
+    HttpClassifier,
+    (),
+>;
+
+/// The client of `client()`, plus `GrpcTrailersLayer` so statuses sent in trailers classify.
+async fn client_reading_trailers(url: String) -> TrailersClient {
+    let channel = tonic::transport::Channel::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .classify(HttpClassifier)
+                .rng_seed(1)
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(2)))
+        .layer(tower_once::retry::grpc::GrpcTrailersLayer::new(64 * 1024))
+        .map_request(to_tonic_body as ToTonic)
+        .service(channel)
+}
+
+#[tokio::test]
+async fn unavailable_in_trailers_is_retried_with_the_trailers_layer() {
+    let flaky = || Charges {
+        flaky: true,
+        ..Charges::default()
+    };
+
+    // Without the layer the status arrives after the classifier has seen the head: no retry.
+    let charges = flaky();
+    let plain = client(server(charges.clone()).await).await;
+    let err = call(&plain, "/demo.Charges/Flaky", b"x", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(charges.runs.load(SeqCst), 1);
+
+    // With it, the trailers are read before classifying: retried, and the second call answers.
+    let charges = flaky();
+    let reading = client_reading_trailers(server(charges.clone()).await).await;
+    let reply = call(&reading, "/demo.Charges/Flaky", b"x", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply, "charge #2",
+        "the second call (counted in call) answered"
+    );
+    assert_eq!(charges.runs.load(SeqCst), 2);
 }

@@ -29,8 +29,9 @@
 //! assert_eq!(cdn.classify(&Ok(not_found)), Action::Retry { after: None });
 //! ```
 //!
-//! gRPC status is read from the response headers (trailers-only responses, which is how servers
-//! answer failed unary calls); a status sent only in trailers is not seen.
+//! gRPC status is read from the response headers (trailers-only responses, which is how tonic
+//! and grpc-go answer failed unary calls) or, when a
+//! [`GrpcTrailersLayer`](crate::grpc::GrpcTrailersLayer) below read them, from the trailers.
 
 use http::{HeaderMap, Response, StatusCode};
 use std::time::{Duration, SystemTime};
@@ -129,10 +130,18 @@ impl<B, E> Classify<Response<B>, E> for HttpClassifier {
             Err(_) => return Action::Retry { after: None },
         };
         let headers = response.headers();
-        if let Some(code) = headers.get("grpc-status") {
+        let trailers = response
+            .extensions()
+            .get::<crate::grpc::GrpcTrailers>()
+            .map(|t| &t.0);
+        let grpc = match headers.get("grpc-status") {
+            Some(code) => Some((code, headers)),
+            None => trailers.and_then(|t| Some((t.get("grpc-status")?, t))),
+        };
+        if let Some((code, carrier)) = grpc {
             return match code.as_bytes() {
                 b"0" => Action::Success,
-                b"14" | b"8" => grpc_pushback(headers),
+                b"14" | b"8" => grpc_pushback(carrier),
                 _ => Action::Stop,
             };
         }
@@ -251,6 +260,21 @@ mod tests {
         assert_eq!(
             HttpClassifier.classify(&Err::<Response<()>, _>("reset")),
             Action::Retry { after: None }
+        );
+    }
+
+    #[test]
+    fn grpc_status_in_read_trailers() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "14".parse().unwrap());
+        trailers.insert("grpc-retry-pushback-ms", "40".parse().unwrap());
+        let mut res = Response::new(());
+        res.extensions_mut()
+            .insert(crate::grpc::GrpcTrailers(trailers));
+        let after = Some(Duration::from_millis(40));
+        assert_eq!(
+            HttpClassifier.classify(&Ok::<_, ()>(res)),
+            Action::Retry { after }
         );
     }
 

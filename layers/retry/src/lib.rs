@@ -87,6 +87,7 @@ pub mod budget;
 pub mod classify;
 mod error;
 mod future;
+pub mod grpc;
 pub mod hook;
 pub mod http;
 mod layer;

@@ -1,0 +1,193 @@
+//! Classifying gRPC calls whose status comes in trailers.
+//!
+//! A gRPC server answers a failed unary call either trailers-only (`grpc-status` in the response
+//! headers, which [`HttpClassifier`](crate::classify::HttpClassifier) reads directly) or with
+//! headers first and the status in trailers after the body. A classifier only sees the response
+//! head, so for the second form place [`GrpcTrailersLayer`] below the retry layer: it reads such
+//! a response's body (up to a limit), hands the trailers up as the [`GrpcTrailers`] response
+//! extension, and returns the same bytes and trailers. `HttpClassifier` consults it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_once_retry::{classify::HttpClassifier, grpc::GrpcTrailersLayer, RetryLayer};
+//!
+//! let stack = ServiceBuilder::new()
+//!     .layer(RetryLayer::new().classify(HttpClassifier).into_http())
+//!     .layer(GrpcTrailersLayer::new(64 * 1024));
+//! # let _ = stack;
+//! ```
+//!
+//! Only gRPC responses (`content-type: application/grpc...`) without `grpc-status` in their
+//! headers are read; everything else streams through untouched. A body over the limit streams
+//! through too, unclassified by its trailers. Use it for unary calls: a streaming call's
+//! response is read in full before the caller sees it.
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tower_layer::Layer;
+use tower_once_core::body::{BufferedBody, Collector};
+use tower_service::Service;
+
+/// The trailers of a gRPC response read by [`GrpcTrailersLayer`], as a response extension.
+#[derive(Debug, Clone)]
+pub struct GrpcTrailers(pub HeaderMap);
+
+/// Reads the trailers of gRPC responses so their status can be classified. See the
+/// [module docs](self).
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcTrailersLayer {
+    limit: usize,
+}
+
+impl GrpcTrailersLayer {
+    /// Reads bodies of up to `limit` bytes.
+    pub const fn new(limit: usize) -> Self {
+        Self { limit }
+    }
+}
+
+impl<S> Layer<S> for GrpcTrailersLayer {
+    type Service = GrpcTrailersService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcTrailersService {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+/// Middleware built by [`GrpcTrailersLayer`].
+#[derive(Debug, Clone)]
+pub struct GrpcTrailersService<S> {
+    inner: S,
+    limit: usize,
+}
+
+impl<S, B, ResB> Service<Request<B>> for GrpcTrailersService<S>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    ResB: Body<Data = Bytes>,
+{
+    type Response = Response<BufferedBody<ResB>>;
+    type Error = S::Error;
+    type Future = GrpcTrailersFuture<S::Future, ResB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        GrpcTrailersFuture {
+            state: State::Waiting {
+                future: self.inner.call(req),
+            },
+            limit: self.limit,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`GrpcTrailersService`].
+    pub struct GrpcTrailersFuture<F, B: Body> {
+        #[pin]
+        state: State<F, B>,
+        limit: usize,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B: Body> {
+        Waiting { #[pin] future: F },
+        Reading {
+            parts: Option<http::response::Parts>,
+            body: Option<Pin<Box<B>>>,
+            collected: Collector,
+        },
+    }
+}
+
+impl<F, B, E> Future for GrpcTrailersFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes>,
+{
+    type Output = Result<Response<BufferedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Waiting { future } => {
+                    let response = ready!(future.poll(cx))?;
+                    let headers = response.headers();
+                    let grpc = headers
+                        .get(http::header::CONTENT_TYPE)
+                        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                    if !grpc || headers.contains_key("grpc-status") {
+                        return Poll::Ready(Ok(response.map(BufferedBody::streaming)));
+                    }
+                    let (parts, body) = response.into_parts();
+                    this.state.set(State::Reading {
+                        parts: Some(parts),
+                        body: Some(Box::pin(body)),
+                        collected: Collector::default(),
+                    });
+                }
+                StateProj::Reading {
+                    parts,
+                    body,
+                    collected,
+                } => {
+                    let Some(stream) = body.as_mut() else {
+                        panic!("GrpcTrailersFuture polled after completion");
+                    };
+                    let frame = ready!(stream.as_mut().poll_frame(cx));
+                    let (Some(mut parts), Some(rest)) = (parts.take(), body.take()) else {
+                        panic!("GrpcTrailersFuture polled after completion");
+                    };
+                    let collected = std::mem::take(collected);
+                    let body = match frame {
+                        Some(Ok(frame)) => match frame.into_data() {
+                            Ok(data) => {
+                                // Put everything back and keep reading, unless over the limit.
+                                let mut collected = collected;
+                                match collected.push(data, *this.limit) {
+                                    Ok(()) => {
+                                        this.state.set(State::Reading {
+                                            parts: Some(parts),
+                                            body: Some(rest),
+                                            collected,
+                                        });
+                                        continue;
+                                    }
+                                    Err(data) => {
+                                        BufferedBody::prefixed(collected.finish_with(data), rest)
+                                    }
+                                }
+                            }
+                            Err(frame) => {
+                                let trailers = frame.into_trailers().ok();
+                                if let Some(trailers) = &trailers {
+                                    parts.extensions.insert(GrpcTrailers(trailers.clone()));
+                                }
+                                // NOTE: gRPC sends trailers last; anything after is ignored.
+                                BufferedBody::full_with_trailers(collected.finish(), trailers)
+                            }
+                        },
+                        Some(Err(error)) => BufferedBody::failed(collected.finish(), error),
+                        None => BufferedBody::full(collected.finish()),
+                    };
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                }
+            }
+        }
+    }
+}
