@@ -146,17 +146,21 @@ fn to_tonic_body(req: http::Request<ReplayBody<Body>>) -> http::Request<Body> {
 
 type ToTonic = fn(http::Request<ReplayBody<Body>>) -> http::Request<Body>;
 
-type Client = tower_once::retry::http::HttpRetry<
-    tower_once::timeout::http::HttpTimeout<
-        tower::util::MapRequest<tonic::transport::Channel, ToTonic>,
-    >,
+type Wire = tower::util::MapRequest<tonic::transport::Channel, ToTonic>;
+
+/// The client stack over `L`'s service (below the per-attempt timeout).
+type ClientWith<S> = tower_once::retry::http::HttpRetry<
+    tower_once::timeout::http::HttpTimeout<S>,
     HttpClassifier,
     (),
 >;
 
+type Client = ClientWith<Wire>;
+
 /// A tonic client: retries (stamping one idempotency key per call) over a per-attempt timeout
-/// that sends `grpc-timeout`, over a tonic `Channel`.
-async fn client(url: String) -> Client {
+/// that sends `grpc-timeout`, over `extra` (for instance `GrpcTrailersLayer`), over a tonic
+/// `Channel`.
+async fn client_with<L: tower::Layer<Wire>>(url: String, extra: L) -> ClientWith<L::Service> {
     let channel = tonic::transport::Channel::from_shared(url)
         .unwrap()
         .connect()
@@ -172,8 +176,13 @@ async fn client(url: String) -> Client {
                 .stamp_idempotency_keys(true),
         )
         .layer(HttpTimeoutLayer::new(Duration::from_secs(2)).propagate_grpc_timeout())
+        .layer(extra)
         .map_request(to_tonic_body as ToTonic)
         .service(channel)
+}
+
+async fn client(url: String) -> Client {
+    client_with(url, tower::layer::util::Identity::new()).await
 }
 
 async fn create(
@@ -288,37 +297,6 @@ async fn a_duplicate_in_flight_waits_for_the_pushback_and_gets_the_replay() {
     );
 }
 
-type TrailersClient = tower_once::retry::http::HttpRetry<
-    tower_once::timeout::http::HttpTimeout<
-        tower_once::retry::grpc::GrpcTrailersService<
-            tower::util::MapRequest<tonic::transport::Channel, ToTonic>,
-        >,
-    >,
-    HttpClassifier,
-    (),
->;
-
-/// The client of `client()`, plus `GrpcTrailersLayer` so statuses sent in trailers classify.
-async fn client_reading_trailers(url: String) -> TrailersClient {
-    let channel = tonic::transport::Channel::from_shared(url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    ServiceBuilder::new()
-        .layer(
-            RetryLayer::new()
-                .classify(HttpClassifier)
-                .rng_seed(1)
-                .into_http()
-                .stamp_idempotency_keys(true),
-        )
-        .layer(HttpTimeoutLayer::new(Duration::from_secs(2)))
-        .layer(tower_once::retry::grpc::GrpcTrailersLayer::new(64 * 1024))
-        .map_request(to_tonic_body as ToTonic)
-        .service(channel)
-}
-
 #[tokio::test]
 async fn unavailable_in_trailers_is_retried_with_the_trailers_layer() {
     let flaky = || Charges {
@@ -337,7 +315,8 @@ async fn unavailable_in_trailers_is_retried_with_the_trailers_layer() {
 
     // With it, the trailers are read before classifying: retried, and the second call answers.
     let charges = flaky();
-    let reading = client_reading_trailers(server(charges.clone()).await).await;
+    let trailers_layer = tower_once::retry::grpc::GrpcTrailersLayer::new(64 * 1024);
+    let reading = client_with(server(charges.clone()).await, trailers_layer).await;
     let reply = call(&reading, "/demo.Charges/Flaky", b"x", None)
         .await
         .unwrap();
