@@ -55,7 +55,7 @@ pin_project! {
         St: IdempotencyStore,
     {
         #[pin]
-        state: State<S::Future, ReqB, ResB, St::ClaimFuture, S::Error>,
+        state: State<S::Future, ReqB, ResB, PendingClaim<St>, S::Error>,
         // Fires every third of the lease while the handler runs, to renew the claim.
         #[pin]
         renew: Option<Sleep>,
@@ -259,13 +259,18 @@ where
                             settings.lease,
                         );
                         State::Claim {
-                            future,
+                            future: PendingClaim {
+                                future: Some(future),
+                                store: this.store.clone(),
+                                key: *this.key,
+                                token: *this.token,
+                            },
                             request: Some(Request::from_parts(parts, body)),
                         }
                     }
                 },
                 StateProj::Claim { future, request } => {
-                    let outcome = ready!(Pin::new(future).poll(cx));
+                    let outcome = ready!(future.poll(cx));
                     let Some(mut request) = request.take() else {
                         panic!("{POLLED_AFTER_COMPLETION}")
                     };
@@ -709,13 +714,58 @@ fn spawn_detached<Fut>(future: Fut, completing: bool)
 where
     Fut: Future<Output = Result<bool, StoreError>> + Send + 'static,
 {
+    spawn_or_warn(async move { log_finish(future.await, completing) });
+}
+
+/// Finishes store work for a request whose future was dropped.
+fn spawn_or_warn(work: impl Future<Output = ()> + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
-            handle.spawn(async move { log_finish(future.await, completing) });
+            handle.spawn(work);
         }
         Err(_) => tracing::warn!(
             "no tokio runtime to finish an idempotency store operation; the key frees itself \
              when its lease expires"
         ),
+    }
+}
+
+/// A claim sent to the store whose answer has not arrived yet.
+///
+/// NOTE: a remote store (Redis) applies the claim when the command arrives, so dropping the
+/// request at this point (the client went away) may leave a claim nobody owns, answering 409
+/// to every retry for a whole lease. If dropped before the answer, this finishes the claim in
+/// the background and releases the key if the claim won.
+struct PendingClaim<St: IdempotencyStore> {
+    future: Option<St::ClaimFuture>,
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+}
+
+impl<St: IdempotencyStore> PendingClaim<St> {
+    /// The store's answer; afterwards, dropping this does nothing.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<ClaimOutcome, StoreError>> {
+        let Some(future) = self.future.as_mut() else {
+            panic!("{POLLED_AFTER_COMPLETION}")
+        };
+        let outcome = ready!(Pin::new(future).poll(cx));
+        self.future = None;
+        Poll::Ready(outcome)
+    }
+}
+
+impl<St: IdempotencyStore> Drop for PendingClaim<St> {
+    fn drop(&mut self) {
+        let Some(claim) = self.future.take() else {
+            return;
+        };
+        let (store, key, token) = (self.store.clone(), self.key, self.token);
+        spawn_or_warn(async move {
+            if let Ok(ClaimOutcome::Claimed) = claim.await {
+                tracing::debug!("request dropped while claiming; releasing the claim that landed");
+                log_finish(store.release(key, token).await, false);
+            }
+        });
     }
 }

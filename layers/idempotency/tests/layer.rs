@@ -1031,3 +1031,72 @@ async fn grpc_clients_get_grpc_statuses_from_the_layer() {
     );
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+/// A memory store whose claims answer after 100 ms, like a store across a network: the claim
+/// takes effect when it arrives; the answer is what is in flight.
+#[derive(Clone)]
+struct SlowClaims(MemoryStore);
+
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl IdempotencyStore for SlowClaims {
+    type ClaimFuture = Boxed<ClaimOutcome>;
+    type CompleteFuture = <MemoryStore as IdempotencyStore>::CompleteFuture;
+    type ReleaseFuture = <MemoryStore as IdempotencyStore>::ReleaseFuture;
+    type ExtendFuture = <MemoryStore as IdempotencyStore>::ExtendFuture;
+
+    fn claim(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Self::ClaimFuture {
+        let landed = self.0.claim(key, token, fp, lease);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            landed.await
+        })
+    }
+    fn complete(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        c: Completion,
+        r: Duration,
+    ) -> Self::CompleteFuture {
+        self.0.complete(key, token, c, r)
+    }
+    fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
+        self.0.release(key, token)
+    }
+    fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
+        self.0.extend(key, token, lease)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_request_while_its_claim_is_in_flight_frees_the_key() {
+    let memory = MemoryStore::new();
+    let handler = Handler::default();
+    let mut svc = IdempotencyLayer::with_store(SlowClaims(memory.clone())).layer(handler.clone());
+    let mut pending = Box::pin(svc.ready().await.unwrap().call(post("/c", Some("k"), "x")));
+    assert!(
+        futures_util::poll!(pending.as_mut()).is_pending(),
+        "the claim is in flight"
+    );
+    drop(pending); // the client went away before the store answered
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        memory.is_empty(),
+        "the claim that landed was released, not left for a lease"
+    );
+
+    let retry = send(&mut svc, post("/c", Some("k"), "x")).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the retry runs at once, no 409"
+    );
+    assert_eq!(handler.runs(), 1);
+}
