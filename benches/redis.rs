@@ -33,6 +33,42 @@ fn fresh_key() -> String {
     format!("bench-{}", NEXT_KEY.fetch_add(1, Relaxed))
 }
 
+/// The store's claim and complete scripts, sent directly with the arguments the store sends.
+struct RawScripts {
+    claim: Script,
+    complete: Script,
+}
+
+impl RawScripts {
+    async fn claim(&self, connection: &mut ConnectionManager, key: &str, token: u8) {
+        let _: Value = self
+            .claim
+            .key(key)
+            .arg(&[token; 16][..])
+            .arg(&[1u8; 32][..])
+            .arg(10_000)
+            .invoke_async(connection)
+            .await
+            .expect("claim");
+    }
+
+    async fn complete(&self, connection: &mut ConnectionManager, key: &str, token: u8) {
+        let _: i64 = self
+            .complete
+            .key(key)
+            .arg(&[token; 16][..])
+            .arg(86_400_000)
+            .arg("c")
+            .arg(201)
+            .arg(&b"\x00"[..])
+            .arg(&br#"{"id":"ch_1"}"#[..])
+            .arg("")
+            .invoke_async(connection)
+            .await
+            .expect("complete");
+    }
+}
+
 /// Runs `BATCH` calls of `one` spread over `callers` concurrent tasks.
 async fn batch<F, Fut>(callers: u64, one: Arc<F>)
 where
@@ -93,83 +129,35 @@ fn bench(c: &mut Criterion) {
     };
     rt.block_on(call("replayed".to_owned()));
 
-    let claim = Arc::new(Script::new(CLAIM_SCRIPT));
-    let complete = Arc::new(Script::new(COMPLETE_SCRIPT));
+    let scripts = Arc::new(RawScripts {
+        claim: Script::new(CLAIM_SCRIPT),
+        complete: Script::new(COMPLETE_SCRIPT),
+    });
     let raw_fresh = {
-        let (claim, complete, connection) = (claim.clone(), complete.clone(), connection.clone());
+        let (scripts, connection) = (scripts.clone(), connection.clone());
         move || {
-            let (claim, complete, mut connection) =
-                (claim.clone(), complete.clone(), connection.clone());
+            let (scripts, mut connection) = (scripts.clone(), connection.clone());
             async move {
                 let key = format!("raw:{}", fresh_key());
-                let token = [7u8; 16];
-                let _: Value = claim
-                    .key(&key)
-                    .arg(&token[..])
-                    .arg(&[1u8; 32][..])
-                    .arg(10_000)
-                    .invoke_async(&mut connection)
-                    .await
-                    .expect("claim");
-                let _: i64 = complete
-                    .key(&key)
-                    .arg(&token[..])
-                    .arg(86_400_000)
-                    .arg("c")
-                    .arg(201)
-                    .arg(&b"\x00"[..])
-                    .arg(&br#"{"id":"ch_1"}"#[..])
-                    .arg("")
-                    .invoke_async(&mut connection)
-                    .await
-                    .expect("complete");
+                scripts.claim(&mut connection, &key, 7).await;
+                scripts.complete(&mut connection, &key, 7).await;
             }
         }
     };
     rt.block_on(raw_fresh());
+    // Complete one record once, so every later claim of it finds it.
+    rt.block_on({
+        let (scripts, mut connection) = (scripts.clone(), connection.clone());
+        async move {
+            scripts.claim(&mut connection, "raw:replayed", 7).await;
+            scripts.complete(&mut connection, "raw:replayed", 7).await;
+        }
+    });
     let raw_replay = {
-        let (claim, connection) = (claim.clone(), connection.clone());
-        let key = "raw:replayed".to_owned();
-        // Complete the record once so every later claim finds it.
-        rt.block_on({
-            let (claim, complete, mut connection) =
-                (claim.clone(), complete.clone(), connection.clone());
-            let key = key.clone();
-            async move {
-                let _: Value = claim
-                    .key(&key)
-                    .arg(&[7u8; 16][..])
-                    .arg(&[1u8; 32][..])
-                    .arg(10_000)
-                    .invoke_async(&mut connection)
-                    .await
-                    .expect("claim");
-                let _: i64 = complete
-                    .key(&key)
-                    .arg(&[7u8; 16][..])
-                    .arg(86_400_000)
-                    .arg("c")
-                    .arg(201)
-                    .arg(&b"\x00"[..])
-                    .arg(&b"{}"[..])
-                    .arg("")
-                    .invoke_async(&mut connection)
-                    .await
-                    .expect("complete");
-            }
-        });
+        let (scripts, connection) = (scripts.clone(), connection.clone());
         move || {
-            let (claim, mut connection, key) = (claim.clone(), connection.clone(), key.clone());
-            async move {
-                let _: Value = claim
-                    .key(&key)
-                    .arg(&[8u8; 16][..])
-                    .arg(&[1u8; 32][..])
-                    .arg(10_000)
-                    .invoke_async(&mut connection)
-                    .await
-                    .expect("claim");
-            }
+            let (scripts, mut connection) = (scripts.clone(), connection.clone());
+            async move { scripts.claim(&mut connection, "raw:replayed", 8).await }
         }
     };
 

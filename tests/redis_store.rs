@@ -202,14 +202,7 @@ async fn redis_down_fails_closed_and_recovers_without_restart() {
     assert_eq!(runs.load(SeqCst), 1, "no handler ran while Redis was down");
 
     redis.restart();
-    let mut recovered = false;
-    for _ in 0..100 {
-        if call(svc.clone(), "after", "x").await.0 == StatusCode::CREATED {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let recovered = created_within_5s(svc.clone(), "after").await;
     assert!(recovered, "requests succeed again once Redis is back");
     assert_eq!(runs.load(SeqCst), 2);
     assert!(
@@ -244,16 +237,27 @@ async fn a_frozen_redis_times_out_into_503_and_recovers() {
     );
     assert_eq!(runs.load(SeqCst), 1, "no handler ran without a claim");
 
-    let mut recovered = false;
+    let recovered = created_within_5s(svc.clone(), "after").await;
+    assert!(recovered);
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
+/// Retries a keyed call (bounded: 100 tries, 50 ms apart) until it answers 201.
+async fn created_within_5s<S>(svc: S, key: &str) -> bool
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_once::idempotency::ResponseBody<Full<Bytes>>>,
+            Error = Infallible,
+        > + Clone,
+{
     for _ in 0..100 {
-        if call(svc.clone(), "after", "x").await.0 == StatusCode::CREATED {
-            recovered = true;
-            break;
+        if call(svc.clone(), key, "x").await.0 == StatusCode::CREATED {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(recovered);
-    assert_eq!(runs.load(SeqCst), 2);
+    false
 }
 
 type Handler = tower::util::BoxCloneSyncService<

@@ -1,5 +1,5 @@
 //! Pieces shared by tower-once's layers: a request/response body that may be held in memory,
-//! and a bounded, copy-avoiding chunk collector.
+//! a bounded, copy-avoiding chunk collector, and how gRPC traffic is recognised.
 //!
 //! Users meet [`body::BufferedBody`] under the names the layers give it
 //! (`tower_once_idempotency::{RequestBody, ResponseBody}`, `tower_once_retry::http::ReplayBody`);
@@ -9,3 +9,22 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod body;
+
+/// Recognising gRPC traffic.
+pub mod grpc {
+    use http::HeaderMap;
+
+    /// Whether a request or response speaks gRPC (`content-type: application/grpc`, with or
+    /// without a `+proto`-style suffix).
+    ///
+    /// ```
+    /// let mut headers = http::HeaderMap::new();
+    /// headers.insert("content-type", "application/grpc+proto".parse().unwrap());
+    /// assert!(tower_once_core::grpc::is_grpc(&headers));
+    /// ```
+    pub fn is_grpc(headers: &HeaderMap) -> bool {
+        headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    }
+}

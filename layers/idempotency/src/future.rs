@@ -19,6 +19,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower_once_core::body::Collector;
+use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 use tracing::Span;
 
@@ -479,13 +480,6 @@ fn problem<B: Body>(
     problems
         .response(kind, retry_after, grpc)
         .map(ResponseBody::full)
-}
-
-/// Whether a request speaks gRPC, whose clients expect `grpc-status` rather than HTTP errors.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The answer to a request whose key is held by an existing record.

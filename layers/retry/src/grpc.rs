@@ -32,6 +32,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tower_layer::Layer;
 use tower_once_core::body::{BufferedBody, Collector};
+use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 
 /// The trailers of a gRPC response read by [`GrpcTrailersLayer`], as a response extension.
@@ -128,10 +129,7 @@ where
                 StateProj::Waiting { future } => {
                     let response = ready!(future.poll(cx))?;
                     let headers = response.headers();
-                    let grpc = headers
-                        .get(http::header::CONTENT_TYPE)
-                        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-                    if !grpc || headers.contains_key("grpc-status") {
+                    if !is_grpc(headers) || headers.contains_key("grpc-status") {
                         return Poll::Ready(Ok(response.map(BufferedBody::streaming)));
                     }
                     let (parts, body) = response.into_parts();

@@ -113,10 +113,7 @@ where
             .and_then(|v| grpc::decode(v.as_bytes()))
             .map(Deadline::after);
         let budget = Budget::new(self.config.limit, earliest(Deadline::of(&req), incoming));
-        let is_grpc = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let is_grpc = tower_once_core::grpc::is_grpc(req.headers());
         let expired = expired_response(self.config.status, is_grpc);
         if budget.is_spent() {
             return ServerFuture {
