@@ -137,6 +137,16 @@ where
     fn size_hint(&self) -> SizeHint {
         let held = |data: &Option<Bytes>| data.as_ref().map_or(0, |d| d.len() as u64);
         match &self.kind {
+            // NOTE: with trailers to send, no exact size: HTTP/1.1 sends trailers only with
+            // chunked framing, which a known length would replace.
+            Kind::Full {
+                data,
+                trailers: Some(_),
+            } => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(held(data));
+                hint
+            }
             Kind::Full { data, .. } => SizeHint::with_exact(held(data)),
             Kind::Failed { prefix, .. } => SizeHint::with_exact(held(prefix)),
             Kind::Prefixed { prefix, rest } => {

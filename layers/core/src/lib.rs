@@ -10,6 +10,10 @@
 
 pub mod body;
 
+/// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header), read by the
+/// server layer and stamped by the client layer.
+pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
 /// Recognising gRPC traffic.
 pub mod grpc {
     use http::HeaderMap;

@@ -1,3 +1,10 @@
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use tower_once_core::body::BufferedBody;
 
 /// The request body the inner service receives from [`Idempotency`](crate::Idempotency): the
@@ -14,9 +21,15 @@ use tower_once_core::body::BufferedBody;
 /// ```
 pub type RequestBody<B> = BufferedBody<B>;
 
+pin_project! {
 /// The response body of [`Idempotency`](crate::Idempotency): the inner service's body as it
 /// streams, a stored or buffered response (with its trailers), or a buffered prefix followed
 /// by the rest of a response too large to store.
+///
+/// A response too large to store keeps its key claimed while it streams (the lease is renewed
+/// as the body is polled); the key becomes *not replayable* when the body ends, or when the
+/// client stops reading it (the handler ran), and is released if the body fails, so that a
+/// retry runs again instead of getting `409` for a truncated answer.
 ///
 /// ```
 /// use http_body::Body as _;
@@ -25,4 +38,106 @@ pub type RequestBody<B> = BufferedBody<B>;
 /// let body = ResponseBody::<axum::body::Body>::full("{}".into());
 /// assert_eq!(body.size_hint().exact(), Some(2));
 /// ```
-pub type ResponseBody<B> = BufferedBody<B>;
+pub struct ResponseBody<B: Body> {
+    #[pin]
+    inner: BufferedBody<B>,
+    held: Held,
+}
+}
+
+/// A claim whose fate depends on how a streaming response body ends.
+pub(crate) trait HeldClaim: Send + 'static {
+    /// Renews the claim's lease when due; registers `cx` to be woken for the next renewal.
+    fn poll_renew(&mut self, cx: &mut Context<'_>);
+    /// The body ended: `kept` when cleanly or by the client leaving, not when it failed.
+    fn end(self: Box<Self>, kept: bool);
+}
+
+struct Held(Option<Box<dyn HeldClaim>>);
+
+impl Held {
+    fn end(&mut self, kept: bool) {
+        if let Some(held) = self.0.take() {
+            held.end(kept);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.end(true);
+    }
+}
+
+impl<B: Body> ResponseBody<B> {
+    /// A body of `data`.
+    pub fn full(data: Bytes) -> Self {
+        Self::from_buffered(BufferedBody::full(data))
+    }
+
+    /// A body of `data` followed by `trailers`.
+    pub fn full_with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        Self::from_buffered(BufferedBody::full_with_trailers(data, trailers))
+    }
+
+    /// The inner service's body, as it streams.
+    pub fn streaming(body: B) -> Self {
+        Self::from_buffered(BufferedBody::streaming(body))
+    }
+
+    pub(crate) fn held(body: BufferedBody<B>, held: Box<dyn HeldClaim>) -> Self {
+        Self {
+            inner: body,
+            held: Held(Some(held)),
+        }
+    }
+
+    pub(crate) fn from_buffered(body: BufferedBody<B>) -> Self {
+        Self {
+            inner: body,
+            held: Held(None),
+        }
+    }
+}
+
+impl<B: Body> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("inner", &self.inner)
+            .field("holds_claim", &self.held.0.is_some())
+            .finish()
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if let Some(held) = this.held.0.as_mut() {
+            held.poll_renew(cx);
+        }
+        let frame = ready!(this.inner.poll_frame(cx));
+        match &frame {
+            None => this.held.end(true),
+            Some(Err(_)) => this.held.end(false),
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

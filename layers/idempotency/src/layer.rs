@@ -1,3 +1,4 @@
+use crate::config::{Config, Settings, MAX_DURATION};
 use crate::fingerprint::{Fingerprinter, Sha256Fingerprint};
 use crate::predicate::{DefaultPredicate, StorePredicate};
 use crate::scope::Scope;
@@ -35,39 +36,9 @@ use tower_layer::Layer;
 pub struct IdempotencyLayer<St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate>
 {
     store: St,
-    config: Config<Sc, F, P>,
+    scope: Sc,
+    config: Config<F, P>,
 }
-
-/// Everything the service needs besides the store; shared by all clones of one service.
-#[derive(Clone)]
-pub(crate) struct Config<Sc, F, P> {
-    pub(crate) settings: Settings,
-    pub(crate) scope: Sc,
-    pub(crate) fingerprinter: F,
-    pub(crate) predicate: P,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) methods: Vec<Method>,
-    pub(crate) header: HeaderName,
-    pub(crate) max_key_len: usize,
-    pub(crate) require_key: bool,
-    pub(crate) body_limit: usize,
-    pub(crate) response_limit: usize,
-    pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) fail_open: bool,
-    pub(crate) unavailable_retry_after: Duration,
-    pub(crate) in_progress_retry_after: Duration,
-    pub(crate) strip_headers: Vec<HeaderName>,
-    pub(crate) problems: crate::problem::Problems,
-}
-
-/// The default `Idempotency-Key` header name.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// The header added to replayed responses, with the value `true` (as Stripe does).
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 impl IdempotencyLayer {
     /// A layer with the defaults and a fresh [`MemoryStore`]:
@@ -98,23 +69,9 @@ impl<St> IdempotencyLayer<St> {
     pub fn with_store(store: St) -> Self {
         Self {
             store,
+            scope: (),
             config: Config {
-                settings: Settings {
-                    methods: vec![Method::POST, Method::PATCH],
-                    header: IDEMPOTENCY_KEY,
-                    max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
-                    require_key: false,
-                    body_limit: 1024 * 1024,
-                    response_limit: 1024 * 1024,
-                    lease: Duration::from_secs(10),
-                    retention: Duration::from_secs(24 * 3600),
-                    fail_open: false,
-                    unavailable_retry_after: Duration::from_secs(1),
-                    in_progress_retry_after: Duration::from_secs(1),
-                    strip_headers: Vec::new(),
-                    problems: Default::default(),
-                },
-                scope: (),
+                settings: Settings::default(),
                 fingerprinter: Sha256Fingerprint,
                 predicate: DefaultPredicate,
             },
@@ -127,6 +84,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     pub fn store<St2>(self, store: St2) -> IdempotencyLayer<St2, Sc, F, P> {
         IdempotencyLayer {
             store,
+            scope: self.scope,
             config: self.config,
         }
     }
@@ -192,7 +150,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
 
     /// How long a claim holds its key without renewal. While the handler runs the layer renews it
     /// every third of the lease; if the process dies, the key is free again within one lease.
-    /// Default 10 s.
+    /// Default 10 s. Longer than about 100 years is cut to that.
     ///
     /// # Panics
     ///
@@ -202,11 +160,12 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             lease >= Duration::from_millis(3),
             "IdempotencyLayer::lease must be at least 3 ms"
         );
-        self.config.settings.lease = lease;
+        self.config.settings.lease = lease.min(MAX_DURATION);
         self
     }
 
-    /// How long a completed response is kept for replay. Default 24 h (as Stripe).
+    /// How long a completed response is kept for replay. Default 24 h (as Stripe). Longer than
+    /// about 100 years is cut to that.
     ///
     /// # Panics
     ///
@@ -216,7 +175,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             !retention.is_zero(),
             "IdempotencyLayer::retention must not be zero"
         );
-        self.config.settings.retention = retention;
+        self.config.settings.retention = retention.min(MAX_DURATION);
         self
     }
 
@@ -225,6 +184,22 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// then run twice).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.settings.fail_open = fail_open;
+        self
+    }
+
+    /// What happens to a handler whose client goes away (disconnects, times out, or drops the
+    /// request future) while it runs.
+    ///
+    /// `false`, the default: the handler runs to completion on a task of its own, its response
+    /// is stored, and the client's retry gets the replay — the effect happens once. This costs
+    /// one allocation per covered request (the request's future is boxed so that it can be
+    /// moved to a task) and a spawned task only when a client actually leaves.
+    ///
+    /// `true`: the handler's future is dropped with the request, as tower services usually are,
+    /// and the key is released so the retry runs the handler again. Choose it only for handlers
+    /// that are safe to run twice or that roll back when cancelled.
+    pub fn cancel_on_disconnect(mut self, cancel: bool) -> Self {
+        self.config.settings.cancel_on_disconnect = cancel;
         self
     }
 
@@ -290,15 +265,10 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     where
         Sc2: Scope,
     {
-        let c = self.config;
         IdempotencyLayer {
             store: self.store,
-            config: Config {
-                settings: c.settings,
-                scope,
-                fingerprinter: c.fingerprinter,
-                predicate: c.predicate,
-            },
+            scope,
+            config: self.config,
         }
     }
 
@@ -310,10 +280,10 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
         let c = self.config;
         IdempotencyLayer {
             store: self.store,
+            scope: self.scope,
             config: Config {
                 settings: c.settings,
                 fingerprinter,
-                scope: c.scope,
                 predicate: c.predicate,
             },
         }
@@ -327,10 +297,10 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
         let c = self.config;
         IdempotencyLayer {
             store: self.store,
+            scope: self.scope,
             config: Config {
                 settings: c.settings,
                 predicate,
-                scope: c.scope,
                 fingerprinter: c.fingerprinter,
             },
         }
@@ -347,7 +317,12 @@ where
     type Service = Idempotency<S, St, Sc, F, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(inner, self.store.clone(), Arc::new(self.config.clone()))
+        Idempotency::new(
+            inner,
+            self.store.clone(),
+            self.scope.clone(),
+            Arc::new(self.config.clone()),
+        )
     }
 }
 
@@ -355,18 +330,8 @@ impl<St: fmt::Debug, Sc, F, P> fmt::Debug for IdempotencyLayer<St, Sc, F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("store", &self.store)
-            .field("config", &self.config)
-            .finish()
-    }
-}
-
-impl<Sc, F, P> fmt::Debug for Config<Sc, F, P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("settings", &self.settings)
             .field("scope", &std::any::type_name::<Sc>())
-            .field("fingerprinter", &std::any::type_name::<F>())
-            .field("predicate", &std::any::type_name::<P>())
+            .field("config", &self.config)
             .finish()
     }
 }

@@ -118,10 +118,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod body;
+mod config;
 pub mod fingerprint;
 mod future;
 pub mod key;
 mod layer;
+mod outcome;
 pub mod predicate;
 pub mod problem;
 pub mod scope;
@@ -129,7 +131,8 @@ mod service;
 pub mod store;
 
 pub use self::body::{RequestBody, ResponseBody};
+pub use self::config::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use self::future::ResponseFuture;
-pub use self::layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use self::layer::IdempotencyLayer;
 pub use self::service::Idempotency;
 pub use self::store::ClaimToken;

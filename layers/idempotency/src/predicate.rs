@@ -3,10 +3,11 @@
 //! | response                                   | default decision |
 //! |--------------------------------------------|------------------|
 //! | 2xx, 3xx                                   | store            |
-//! | 4xx except 408, 425, 429                   | store            |
+//! | 4xx except those below                     | store            |
+//! | 400 Bad Request, 415 Unsupported Media Type, 422 Unprocessable Content | release (validation) |
 //! | 408 Request Timeout, 425 Too Early, 429 Too Many Requests | release |
 //! | 5xx                                        | release          |
-//! | inner service error, future dropped        | release (always) |
+//! | inner service error                        | release (always) |
 //!
 //! gRPC answers HTTP `200` and puts its status in `grpc-status`, in the headers of a
 //! trailers-only response or in the trailers. The default reads it in both places and maps it the
@@ -17,7 +18,13 @@
 //! `DATA_LOSS`, and any unknown code).
 //!
 //! A stored 4xx means "this request is wrong": retrying it unchanged cannot succeed, and replaying
-//! the same answer is what the IETF draft and Stripe do. 408, 425 and 429 say "not now", so the
+//! the same answer is what the IETF draft and Stripe do. 400, 415 and 422 are the rejections a
+//! framework makes before the handler does anything (axum answers 415 for a missing
+//! `Content-Type`, 422 for JSON that does not match, 400 for a bad query): the client is
+//! expected to fix its request and resend it with the same key, and Stripe saves no result when
+//! a request fails validation, so they release the key. The layer's own `422` (a key reused with
+//! another request) is told apart by its problem `type`,
+//! `urn:tower-once:idempotency:fingerprint-mismatch`. 408, 425 and 429 say "not now", so the
 //! client's retry should run. Replace the rule with
 //! [`IdempotencyLayer::store_when`](crate::IdempotencyLayer::store_when); any
 //! `Fn(&http::response::Parts) -> bool` is a [`StorePredicate`].
@@ -36,13 +43,14 @@ use http::{HeaderMap, StatusCode};
 ///     res.into_parts().0
 /// };
 /// assert!(DefaultPredicate.should_store(&parts(201)));
-/// assert!(DefaultPredicate.should_store(&parts(400)));
+/// assert!(DefaultPredicate.should_store(&parts(404)));
+/// assert!(!DefaultPredicate.should_store(&parts(422)), "validation: the client resends");
 /// assert!(!DefaultPredicate.should_store(&parts(429)));
 /// assert!(!DefaultPredicate.should_store(&parts(503)));
 ///
-/// // Store only successes: a 4xx releases the key too.
+/// // Store only successes: every 4xx releases the key too.
 /// let only_success = |parts: &http::response::Parts| parts.status.is_success();
-/// assert!(!only_success.should_store(&parts(400)));
+/// assert!(!only_success.should_store(&parts(404)));
 /// ```
 pub trait StorePredicate {
     /// Whether the response with these parts is stored for replay.
@@ -74,6 +82,9 @@ impl StorePredicate for DefaultPredicate {
     fn should_store(&self, parts: &Parts) -> bool {
         let status = parts.status;
         let http_final = !(status.is_server_error()
+            || status == StatusCode::BAD_REQUEST
+            || status == StatusCode::UNSUPPORTED_MEDIA_TYPE
+            || status == StatusCode::UNPROCESSABLE_ENTITY
             || status == StatusCode::REQUEST_TIMEOUT
             || status.as_u16() == 425
             || status == StatusCode::TOO_MANY_REQUESTS);

@@ -1,13 +1,12 @@
 use crate::body::{RequestBody, ResponseBody};
+use crate::config::Config;
 use crate::fingerprint::{Fingerprinter, Sha256Fingerprint};
 use crate::future::ResponseFuture;
-use crate::layer::Config;
 use crate::predicate::{DefaultPredicate, StorePredicate};
 use crate::problem::ProblemKind;
 use crate::scope::Scope;
 use crate::store::{IdempotencyStore, MemoryStore, StoreKey};
 use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
 use http::{Request, Response};
 use http_body::Body;
 use std::fmt;
@@ -21,14 +20,16 @@ use tower_service::Service;
 pub struct Idempotency<S, St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate> {
     inner: S,
     store: St,
-    config: Arc<Config<Sc, F, P>>,
+    scope: Sc,
+    config: Arc<Config<F, P>>,
 }
 
 impl<S, St, Sc, F, P> Idempotency<S, St, Sc, F, P> {
-    pub(crate) fn new(inner: S, store: St, config: Arc<Config<Sc, F, P>>) -> Self {
+    pub(crate) fn new(inner: S, store: St, scope: Sc, config: Arc<Config<F, P>>) -> Self {
         Self {
             inner,
             store,
+            scope,
             config,
         }
     }
@@ -49,16 +50,17 @@ impl<S, St, Sc, F, P> Idempotency<S, St, Sc, F, P> {
     }
 
     /// The store this service uses.
-    pub fn store(&self) -> &St {
+    pub fn store_ref(&self) -> &St {
         &self.store
     }
 }
 
-impl<S: Clone, St: Clone, Sc, F, P> Clone for Idempotency<S, St, Sc, F, P> {
+impl<S: Clone, St: Clone, Sc: Clone, F, P> Clone for Idempotency<S, St, Sc, F, P> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             store: self.store.clone(),
+            scope: self.scope.clone(),
             config: Arc::clone(&self.config),
         }
     }
@@ -69,6 +71,7 @@ impl<S: fmt::Debug, St: fmt::Debug, Sc, F, P> fmt::Debug for Idempotency<S, St, 
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
             .field("store", &self.store)
+            .field("scope", &std::any::type_name::<Sc>())
             .field("config", &self.config)
             .finish()
     }
@@ -76,17 +79,20 @@ impl<S: fmt::Debug, St: fmt::Debug, Sc, F, P> fmt::Debug for Idempotency<S, St, 
 
 impl<S, St, Sc, F, P, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, St, Sc, F, P>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone,
-    ReqB: Body<Data = Bytes>,
-    ResB: Body<Data = Bytes>,
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body<Data = Bytes> + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Send,
     St: IdempotencyStore,
     Sc: Scope,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqB, ResB, St, Sc, F, P>;
+    type Future = ResponseFuture<S, ReqB, ResB, St, F, P>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -134,21 +140,7 @@ where
                 }
             }
         };
-        let declared = parts
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        let limit = settings.body_limit as u64;
-        if declared > limit || body.size_hint().lower() > limit {
-            return ResponseFuture::rejected(
-                &settings.problems,
-                ProblemKind::BodyTooLarge,
-                &parts,
-                None,
-            );
-        }
-        let scope = self.config.scope.scope(&parts);
+        let scope = self.scope.scope(&parts);
         let store_key = StoreKey::derive(scope.as_ref(), &parts, &key);
         drop(key);
 

@@ -299,22 +299,58 @@ async fn server_errors_and_not_now_statuses_release_the_key() {
         );
         assert!(!retried.replayed());
         assert!(
-            svc.store().is_empty(),
+            svc.store_ref().is_empty(),
             "the released key left nothing behind"
         );
     }
 }
 
 #[tokio::test(start_paused = true)]
-async fn client_errors_are_stored_and_replayed() {
+async fn final_client_errors_are_stored_and_replayed() {
+    for status in [401u16, 403, 404, 409, 410] {
+        let handler = Handler::default();
+        let mut svc = layer().layer(handler.clone());
+        let uri = format!("/c?status={status}");
+        let first = send(&mut svc, post(&uri, Some("k"), "x")).await;
+        assert_eq!(first.status.as_u16(), status);
+        let again = send(&mut svc, post(&uri, Some("k"), "x")).await;
+        assert_eq!(again.status.as_u16(), status);
+        assert!(again.replayed(), "{status} is stored");
+        assert_eq!(handler.runs(), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn validation_rejections_are_not_stored_so_a_fixed_resend_runs() {
+    // axum's own rejections (a missing Content-Type is 415, bad JSON 422, a bad query 400):
+    // the client fixes its request and resends it with the same key.
+    for status in [400u16, 415, 422] {
+        let handler = Handler::default();
+        let mut svc = layer().layer(handler.clone());
+        let uri = format!("/c?status={status}");
+        let first = send(&mut svc, post(&uri, Some("k"), "x")).await;
+        assert_eq!(first.status.as_u16(), status);
+        assert!(svc.store_ref().is_empty(), "{status} left no record");
+        let again = send(&mut svc, post(&uri, Some("k"), "x")).await;
+        assert!(!again.replayed());
+        assert_eq!(handler.runs(), 2, "{status}: the resend ran");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layers_own_422_is_told_apart_from_a_handlers_by_its_problem_type() {
     let handler = Handler::default();
     let mut svc = layer().layer(handler.clone());
-    let first = send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
-    assert_eq!(first.status, StatusCode::BAD_REQUEST);
-    let again = send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
-    assert_eq!(again.status, StatusCode::BAD_REQUEST);
-    assert!(again.replayed());
-    assert_eq!(handler.runs(), 1);
+    send(&mut svc, post("/c", Some("k"), "x")).await;
+    let reused = send(&mut svc, post("/c", Some("k"), "other body")).await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        reused.problem_type(),
+        "urn:tower-once:idempotency:fingerprint-mismatch"
+    );
+    let handlers = send(&mut svc, post("/c?status=422", Some("k2"), "x")).await;
+    assert_eq!(handlers.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_ne!(handlers.headers["content-type"], "application/problem+json");
 }
 
 #[tokio::test(start_paused = true)]
@@ -323,9 +359,9 @@ async fn store_when_replaces_the_rule() {
     let mut svc = layer()
         .store_when(|parts: &http::response::Parts| parts.status.is_success())
         .layer(handler.clone());
-    send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
-    send(&mut svc, post("/c?status=400", Some("k"), "x")).await;
-    assert_eq!(handler.runs(), 2, "a 400 is released under this rule");
+    send(&mut svc, post("/c?status=404", Some("k"), "x")).await;
+    send(&mut svc, post("/c?status=404", Some("k"), "x")).await;
+    assert_eq!(handler.runs(), 2, "a 404 is released under this rule");
 }
 
 #[tokio::test(start_paused = true)]
@@ -340,7 +376,7 @@ async fn inner_error_releases_the_key_and_is_returned() {
         .await
         .unwrap_err();
     assert_eq!(err, "inner service failed");
-    assert!(svc.store().is_empty(), "the key was released");
+    assert!(svc.store_ref().is_empty(), "the key was released");
     let ok = send(&mut svc, post("/c", Some("k"), "x")).await;
     // Different query, same key and path: the failed attempt left no record to mismatch.
     assert_eq!(ok.status, StatusCode::CREATED);
@@ -348,9 +384,35 @@ async fn inner_error_releases_the_key_and_is_returned() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn dropping_the_request_mid_run_releases_the_key() {
+async fn client_gone_mid_run_still_finishes_the_handler_and_the_retry_is_replayed() {
     let handler = Handler::default();
     let mut svc = layer().layer(handler.clone());
+    let mut pending = Box::pin(svc.ready().await.unwrap().call(post(
+        "/c?sleep_ms=5000",
+        Some("k"),
+        "x",
+    )));
+    assert!(futures_util::poll!(pending.as_mut()).is_pending());
+    assert_eq!(handler.runs(), 1);
+    assert_eq!(svc.store_ref().len(), 1, "claimed while running");
+    drop(pending); // the client went away (timed out, disconnected)
+    tokio::task::yield_now().await;
+    assert_eq!(svc.store_ref().len(), 1, "the key is still held");
+
+    let early = send(&mut svc, post("/c?sleep_ms=5000", Some("k"), "x")).await;
+    assert_eq!(early.status, StatusCode::CONFLICT, "still running");
+
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let retry = send(&mut svc, post("/c?sleep_ms=5000", Some("k"), "x")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(handler.runs(), 1, "the effect happened once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_on_disconnect_drops_the_handler_and_releases_the_key() {
+    let handler = Handler::default();
+    let mut svc = layer().cancel_on_disconnect(true).layer(handler.clone());
     let mut pending = Box::pin(svc.ready().await.unwrap().call(post(
         "/c?sleep_ms=60000",
         Some("k"),
@@ -358,10 +420,9 @@ async fn dropping_the_request_mid_run_releases_the_key() {
     )));
     assert!(futures_util::poll!(pending.as_mut()).is_pending());
     assert_eq!(handler.runs(), 1);
-    assert_eq!(svc.store().len(), 1, "claimed while running");
-    drop(pending); // the client went away
+    drop(pending);
     tokio::task::yield_now().await;
-    assert!(svc.store().is_empty(), "dropping released the key");
+    assert!(svc.store_ref().is_empty(), "dropping released the key");
 
     let retry = send(&mut svc, post("/c", Some("k"), "x")).await;
     assert_eq!(retry.status, StatusCode::CREATED);
@@ -441,7 +502,7 @@ async fn uncovered_methods_and_keyless_requests_pass_through() {
         send(&mut svc, post("/c", None, "x")).await;
     }
     assert_eq!(handler.runs(), 4);
-    assert!(svc.store().is_empty(), "nothing was recorded");
+    assert!(svc.store_ref().is_empty(), "nothing was recorded");
 
     let mut put_covered = layer().methods([http::Method::PUT]).layer(handler.clone());
     let put = || {
@@ -478,7 +539,7 @@ async fn required_missing_and_invalid_keys_are_400() {
     let res = send(&mut svc, twice).await;
     assert_eq!(res.problem_type(), "urn:tower-once:idempotency:invalid-key");
     assert_eq!(handler.runs(), 0);
-    assert!(svc.store().is_empty());
+    assert!(svc.store_ref().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -498,7 +559,7 @@ async fn oversized_bodies_are_413_before_the_handler() {
         "urn:tower-once:idempotency:body-too-large"
     );
     assert_eq!(handler.runs(), 0);
-    assert!(svc.store().is_empty(), "nothing claimed");
+    assert!(svc.store_ref().is_empty(), "nothing claimed");
 
     // Exactly at the limit is fine.
     let ok = send(&mut svc, post("/c", Some("k"), "12345678")).await;
@@ -820,7 +881,7 @@ async fn unreadable_request_body_is_400_and_runs_nothing() {
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(runs.load(SeqCst), 0);
-    assert!(svc.store().is_empty(), "nothing was claimed");
+    assert!(svc.store_ref().is_empty(), "nothing was claimed");
 }
 
 #[tokio::test(start_paused = true)]
@@ -854,7 +915,7 @@ async fn failing_response_body_releases_the_key() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(svc.store().is_empty(), "the key was released");
+    assert!(svc.store_ref().is_empty(), "the key was released");
     let res = svc
         .ready()
         .await

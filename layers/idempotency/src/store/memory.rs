@@ -24,7 +24,16 @@ use tokio::time::Instant;
 ///
 /// Both bounds are split evenly over the shards (up to 16; fewer for small stores, so that each
 /// shard holds at least 256 entries), so a single response larger than `max_bytes / shards` is
-/// kept as not replayable.
+/// kept as not replayable — and then evicts nothing: a response that cannot fit costs no other
+/// record its place.
+///
+/// **Fair between scopes.** When room must be made, the [scope](crate::scope) that holds the
+/// most (entries, or bytes for the byte bound) pays: a scope claiming a new key evicts a
+/// completed record of a scope that holds more than it does, or else one of its own, and gets
+/// [`StoreError::full`] (`503`) when it has none to give. So a tenant flooding the store with
+/// fresh keys only ever evicts its own records, never another tenant's completed payment. The
+/// rule applies per shard; finding the largest scope costs a scan of the shard's scopes, paid
+/// only when the store is full.
 ///
 /// Time is read from tokio's clock ([`tokio::time::Instant`]), so tests with paused time can
 /// expire leases and retention with `tokio::time::advance`.
@@ -181,14 +190,19 @@ impl MemoryStore {
                 state,
             }));
         }
-        if shard.map.len() >= self.inner.max_entries_per_shard && !shard.evict_oldest_completed() {
-            return Err(StoreError::full());
+        let scope = key.scope_tag();
+        if shard.map.len() >= self.inner.max_entries_per_shard {
+            match shard.victim(scope, |u| u.entries) {
+                Some(victim) => drop(shard.remove(&victim)),
+                None => return Err(StoreError::full()),
+            }
         }
         shard.insert(
             key,
             Entry {
                 fingerprint,
-                expires_at: now + lease,
+                scope,
+                expires_at: deadline(now, lease),
                 state: State::InProgress { token },
             },
         );
@@ -205,7 +219,10 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(&key);
         shard.purge_expired(now);
-        let Some(fingerprint) = shard.owned_by(&key, token).map(|e| e.fingerprint) else {
+        let Some((fingerprint, scope)) = shard
+            .owned_by(&key, token)
+            .map(|e| (e.fingerprint, e.scope))
+        else {
             return false;
         };
         shard.remove(&key);
@@ -214,19 +231,27 @@ impl MemoryStore {
             Completion::NotReplayable => State::NotReplayable,
         };
         let size = state.size();
-        while shard.bytes + size > self.inner.max_bytes_per_shard {
-            if !shard.evict_oldest_completed() {
-                // NOTE: the handler already ran; keeping the key (without its response) is what
-                // guarantees a duplicate never runs it again.
-                state = State::NotReplayable;
-                break;
+        // NOTE: the handler already ran; keeping the key (without its response) is what
+        // guarantees a duplicate never runs it again. A response that cannot fit even in an
+        // empty shard evicts nothing.
+        if size > self.inner.max_bytes_per_shard {
+            state = State::NotReplayable;
+        }
+        while shard.bytes + state.size() > self.inner.max_bytes_per_shard {
+            match shard.victim(scope, |u| u.bytes) {
+                Some(victim) => drop(shard.remove(&victim)),
+                None => {
+                    state = State::NotReplayable;
+                    break;
+                }
             }
         }
         shard.insert(
             key,
             Entry {
                 fingerprint,
-                expires_at: now + retention,
+                scope,
+                expires_at: deadline(now, retention),
                 state,
             },
         );
@@ -251,9 +276,10 @@ impl MemoryStore {
             return false;
         };
         let old = entry.expires_at;
-        entry.expires_at = now + lease;
+        let new = deadline(now, lease);
+        entry.expires_at = new;
         shard.leases.remove(&(old, key));
-        shard.leases.insert((now + lease, key));
+        shard.leases.insert((new, key));
         true
     }
 }
@@ -293,6 +319,12 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
+/// `now + ttl`, saturating far in the future instead of overflowing.
+fn deadline(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl)
+        .unwrap_or_else(|| now + crate::config::MAX_DURATION)
+}
+
 // A panic can only come from a bug in this module; the shard's indices are updated before any
 // code that could panic, so a poisoned lock still guards consistent data.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -307,10 +339,20 @@ struct Shard {
     leases: BTreeSet<(Instant, StoreKey)>,
     completed: BTreeSet<(Instant, StoreKey)>,
     bytes: usize,
+    // What each scope holds in this shard, to decide who pays when room must be made.
+    scopes: HashMap<u64, ScopeUse>,
+}
+
+#[derive(Default)]
+struct ScopeUse {
+    entries: usize,
+    bytes: usize,
+    completed: BTreeSet<(Instant, StoreKey)>,
 }
 
 struct Entry {
     fingerprint: Fingerprint,
+    scope: u64,
     expires_at: Instant,
     state: State,
 }
@@ -332,22 +374,63 @@ impl State {
 
 impl Shard {
     fn insert(&mut self, key: StoreKey, entry: Entry) {
+        let size = entry.state.size();
+        let usage = self.scopes.entry(entry.scope).or_default();
+        usage.entries += 1;
+        usage.bytes += size;
         match entry.state {
             State::InProgress { .. } => self.leases.insert((entry.expires_at, key)),
-            _ => self.completed.insert((entry.expires_at, key)),
+            _ => {
+                usage.completed.insert((entry.expires_at, key));
+                self.completed.insert((entry.expires_at, key))
+            }
         };
-        self.bytes += entry.state.size();
+        self.bytes += size;
         self.map.insert(key, entry);
     }
 
     fn remove(&mut self, key: &StoreKey) -> Option<Entry> {
         let entry = self.map.remove(key)?;
-        match entry.state {
-            State::InProgress { .. } => self.leases.remove(&(entry.expires_at, *key)),
-            _ => self.completed.remove(&(entry.expires_at, *key)),
+        let size = entry.state.size();
+        let completed = !matches!(entry.state, State::InProgress { .. });
+        match completed {
+            false => self.leases.remove(&(entry.expires_at, *key)),
+            true => self.completed.remove(&(entry.expires_at, *key)),
         };
-        self.bytes -= entry.state.size();
+        if let Some(usage) = self.scopes.get_mut(&entry.scope) {
+            usage.entries -= 1;
+            usage.bytes -= size;
+            if completed {
+                usage.completed.remove(&(entry.expires_at, *key));
+            }
+            if usage.entries == 0 {
+                self.scopes.remove(&entry.scope);
+            }
+        }
+        self.bytes -= size;
         Some(entry)
+    }
+
+    /// The completed record to evict to make room for `claimer`: the oldest of the scope that
+    /// holds the most (by `weight`) among those holding more than `claimer`, else the
+    /// claimer's own oldest. `None` if there is none: the claimer is refused rather than
+    /// another scope paying for it.
+    fn victim(&self, claimer: u64, weight: fn(&ScopeUse) -> usize) -> Option<StoreKey> {
+        let own = self.scopes.get(&claimer).map_or(0, weight);
+        let mut best: Option<(usize, StoreKey)> = None;
+        for (scope, usage) in &self.scopes {
+            let held = weight(usage);
+            if *scope == claimer || held <= own || best.is_some_and(|(most, _)| held <= most) {
+                continue;
+            }
+            if let Some(&(_, key)) = usage.completed.first() {
+                best = Some((held, key));
+            }
+        }
+        best.map(|(_, key)| key).or_else(|| {
+            let usage = self.scopes.get(&claimer)?;
+            usage.completed.first().map(|&(_, key)| key)
+        })
     }
 
     fn owned_by(&mut self, key: &StoreKey, token: ClaimToken) -> Option<&mut Entry> {
@@ -371,14 +454,6 @@ impl Shard {
                     _ => break,
                 }
             }
-        }
-    }
-
-    /// Evicts the completed record closest to expiry; `false` if there is none.
-    fn evict_oldest_completed(&mut self) -> bool {
-        match self.completed.first() {
-            Some(&(_, key)) => self.remove(&key).is_some(),
-            None => false,
         }
     }
 }
@@ -480,5 +555,112 @@ mod tests {
         }
         assert_eq!(store.len(), 156);
         assert!(store.inner.shards.iter().all(|s| lock(s).bytes == 0));
+    }
+
+    fn claimed(store: &MemoryStore, key: StoreKey) -> ClaimToken {
+        let token = ClaimToken::new();
+        assert!(matches!(
+            store.do_claim(key, token, FP, LEASE),
+            Ok(ClaimOutcome::Claimed)
+        ));
+        token
+    }
+
+    fn is_completed(store: &MemoryStore, key: StoreKey) -> bool {
+        matches!(
+            store.do_claim(key, ClaimToken::new(), FP, LEASE),
+            Ok(ClaimOutcome::Existing(ExistingRecord {
+                state: RecordState::Completed(_),
+                ..
+            }))
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_too_big_for_the_shard_evicts_nothing() {
+        let store = MemoryStore::builder()
+            .max_entries(10)
+            .max_bytes(1_000)
+            .build();
+        let t1 = claimed(&store, key(1));
+        assert!(store.do_complete(key(1), t1, response(600), DAY));
+        let t2 = claimed(&store, key(2));
+        assert!(store.do_complete(key(2), t2, response(5_000), DAY));
+        assert!(
+            is_completed(&store, key(1)),
+            "the earlier response is still replayable"
+        );
+        match store.do_claim(key(2), ClaimToken::new(), FP, LEASE) {
+            Ok(ClaimOutcome::Existing(r)) => assert!(matches!(r.state, RecordState::NotReplayable)),
+            other => panic!("expected a not-replayable record, got {other:?}"),
+        }
+    }
+
+    fn scoped(n: u32, scope: &[u8]) -> StoreKey {
+        let mut bytes = [0; 32];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        bytes[4..4 + scope.len().min(28)].copy_from_slice(&scope[..scope.len().min(28)]);
+        StoreKey::from_bytes(bytes).with_scope(scope)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flooding_scope_evicts_only_its_own_records() {
+        let store = MemoryStore::builder().max_entries(1_000).build();
+        let payment = scoped(0, b"tenant-b");
+        let t = claimed(&store, payment);
+        assert!(store.do_complete(payment, t, response(10), DAY));
+        for n in 0..1_200 {
+            let key = scoped(n, b"tenant-a");
+            let t = claimed(&store, key);
+            assert!(store.do_complete(key, t, response(10), DAY));
+        }
+        assert!(
+            is_completed(&store, payment),
+            "tenant B's completed payment survived tenant A's flood"
+        );
+        assert!(store.len() <= 1_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_scope_makes_room_at_the_largest_ones_expense() {
+        let store = MemoryStore::builder().max_entries(4).build();
+        for n in 0..4 {
+            let key = scoped(n, b"a");
+            let t = claimed(&store, key);
+            assert!(store.do_complete(key, t, response(10), DAY));
+        }
+        // B holds nothing: A, the largest, pays its oldest record.
+        claimed(&store, scoped(0, b"b"));
+        assert!(!is_completed(&store, scoped(0, b"a")));
+        assert!(is_completed(&store, scoped(3, b"a")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_scope_holding_only_claims_is_refused_not_paid_for() {
+        let store = MemoryStore::builder().max_entries(3).build();
+        let done = scoped(0, b"b");
+        let t = claimed(&store, done);
+        assert!(store.do_complete(done, t, response(10), DAY));
+        claimed(&store, scoped(0, b"a"));
+        claimed(&store, scoped(1, b"a"));
+        // A holds the most and has no completed record to give: it is refused.
+        let err = store
+            .do_claim(scoped(2, b"a"), ClaimToken::new(), FP, LEASE)
+            .unwrap_err();
+        assert!(err.is_full());
+        assert!(is_completed(&store, done));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn huge_leases_and_retention_saturate_instead_of_panicking() {
+        let store = MemoryStore::new();
+        let t = ClaimToken::new();
+        assert!(matches!(
+            store.do_claim(key(1), t, FP, Duration::MAX),
+            Ok(ClaimOutcome::Claimed)
+        ));
+        assert!(store.do_extend(key(1), t, Duration::MAX));
+        assert!(store.do_complete(key(1), t, response(1), Duration::MAX));
+        assert!(is_completed(&store, key(1)));
     }
 }

@@ -1,0 +1,81 @@
+//! The settings of one layer and their defaults, shared by the layer, the service and the future.
+
+use http::{HeaderName, Method};
+use std::fmt;
+use std::time::Duration;
+
+/// The default `Idempotency-Key` header name.
+pub use tower_once_core::IDEMPOTENCY_KEY;
+
+/// The header added to replayed responses, with the value `true` (as Stripe does).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The longest lease or retention accepted: longer ones are cut to this (about 100 years), so
+/// that no clock arithmetic and no store's expiry can overflow.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Everything the future needs besides the store and the inner service; shared by all clones
+/// of one service. The scope is not here: only the service reads it.
+#[derive(Clone)]
+pub(crate) struct Config<F, P> {
+    pub(crate) settings: Settings,
+    pub(crate) fingerprinter: F,
+    pub(crate) predicate: P,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) max_key_len: usize,
+    pub(crate) require_key: bool,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) fail_open: bool,
+    pub(crate) cancel_on_disconnect: bool,
+    pub(crate) unavailable_retry_after: Duration,
+    pub(crate) in_progress_retry_after: Duration,
+    pub(crate) strip_headers: Vec<HeaderName>,
+    pub(crate) problems: crate::problem::Problems,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            methods: vec![Method::POST, Method::PATCH],
+            header: IDEMPOTENCY_KEY,
+            max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
+            require_key: false,
+            body_limit: 1024 * 1024,
+            response_limit: 1024 * 1024,
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(24 * 3600),
+            fail_open: false,
+            cancel_on_disconnect: false,
+            unavailable_retry_after: Duration::from_secs(1),
+            in_progress_retry_after: Duration::from_secs(1),
+            strip_headers: Vec::new(),
+            problems: Default::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// How much of a request body over the limit is read and thrown away before the `413`, so
+    /// that a client still sending reads the answer instead of a connection reset.
+    pub(crate) fn drain_limit(&self) -> usize {
+        self.body_limit.saturating_mul(4).max(1024 * 1024)
+    }
+}
+
+impl<F, P> fmt::Debug for Config<F, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("settings", &self.settings)
+            .field("fingerprinter", &std::any::type_name::<F>())
+            .field("predicate", &std::any::type_name::<P>())
+            .finish()
+    }
+}

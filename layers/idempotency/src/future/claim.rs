@@ -1,0 +1,283 @@
+//! The life of a claim: renewing its lease while the handler runs, completing or releasing it
+//! with a write fenced by its token, and finishing that work on a task of its own when the
+//! request's future is dropped.
+
+use crate::body::HeldClaim;
+use crate::store::{ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreKey};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+
+pub(super) fn renew_interval(lease: Duration) -> Duration {
+    lease / 3
+}
+
+/// Owns a claim until it is completed or released; if dropped first (the client went away and
+/// cancellation is on), releases the key, or finishes the store write already under way.
+pub(super) struct ClaimGuard<St: IdempotencyStore> {
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+    op: Op<St>,
+}
+
+enum Op<St: IdempotencyStore> {
+    Held,
+    Extending(St::ExtendFuture),
+    Completing(St::CompleteFuture),
+    Releasing(St::ReleaseFuture),
+    Done,
+}
+
+impl<St: IdempotencyStore> ClaimGuard<St> {
+    pub(super) fn new(store: St, key: StoreKey, token: ClaimToken) -> Self {
+        Self {
+            store,
+            key,
+            token,
+            op: Op::Held,
+        }
+    }
+
+    fn extend(&mut self, lease: Duration) {
+        if let Op::Held = self.op {
+            self.op = Op::Extending(self.store.extend(self.key, self.token, lease));
+        }
+    }
+
+    fn poll_extend(&mut self, cx: &mut Context<'_>) {
+        let Op::Extending(future) = &mut self.op else {
+            return;
+        };
+        let Poll::Ready(result) = Pin::new(future).poll(cx) else {
+            return;
+        };
+        self.op = Op::Held;
+        match result {
+            Ok(true) => tracing::trace!("renewed idempotency lease"),
+            Ok(false) => tracing::warn!(
+                "idempotency lease lost: the handler outlived its lease and another request may \
+                 have claimed the key; use the ClaimToken extension to fence writes"
+            ),
+            Err(error) => tracing::warn!(%error, "failed to renew idempotency lease; will retry"),
+        }
+    }
+
+    /// Renews the lease each time `timer` fires, and drives a renewal in flight.
+    pub(super) fn poll_renew(
+        &mut self,
+        mut timer: Pin<&mut Sleep>,
+        lease: Duration,
+        cx: &mut Context<'_>,
+    ) {
+        self.poll_extend(cx);
+        while timer.as_mut().poll(cx).is_ready() {
+            timer.as_mut().reset(Instant::now() + renew_interval(lease));
+            self.extend(lease);
+            self.poll_extend(cx);
+        }
+    }
+
+    pub(super) fn complete(&mut self, completion: Completion, retention: Duration) {
+        self.op = Op::Completing(
+            self.store
+                .complete(self.key, self.token, completion, retention),
+        );
+    }
+
+    pub(super) fn release(&mut self) {
+        self.op = Op::Releasing(self.store.release(self.key, self.token));
+    }
+
+    pub(super) fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let (result, completing) = match &mut self.op {
+            Op::Completing(future) => (ready!(Pin::new(future).poll(cx)), true),
+            Op::Releasing(future) => (ready!(Pin::new(future).poll(cx)), false),
+            Op::Held | Op::Extending(_) | Op::Done => return Poll::Ready(()),
+        };
+        self.op = Op::Done;
+        log_finish(result, completing);
+        Poll::Ready(())
+    }
+}
+
+impl<St: IdempotencyStore> Drop for ClaimGuard<St> {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.op, Op::Done) {
+            Op::Done => {}
+            Op::Held | Op::Extending(_) => {
+                tracing::debug!("request dropped while running; releasing idempotency key");
+                spawn_detached(self.store.release(self.key, self.token), false);
+            }
+            Op::Completing(future) => spawn_detached(future, true),
+            Op::Releasing(future) => spawn_detached(future, false),
+        }
+    }
+}
+
+fn log_finish(result: Result<bool, StoreError>, completing: bool) {
+    match (result, completing) {
+        (Ok(true), _) => {}
+        (Ok(false), true) => {
+            tracing::warn!("idempotency claim lost before completion: the response was not stored")
+        }
+        (Ok(false), false) => tracing::debug!("idempotency claim already gone at release"),
+        (Err(error), true) => tracing::error!(
+            %error,
+            "failed to store idempotent response; duplicates get 409 until the lease expires, \
+             then run again"
+        ),
+        (Err(error), false) => tracing::warn!(
+            %error,
+            "failed to release idempotency key; it frees itself when its lease expires"
+        ),
+    }
+}
+
+fn spawn_detached<Fut>(future: Fut, completing: bool)
+where
+    Fut: Future<Output = Result<bool, StoreError>> + Send + 'static,
+{
+    spawn_or_warn(async move { log_finish(future.await, completing) });
+}
+
+/// Runs `work` on a task of its own (store work, or a handler whose client went away).
+pub(super) fn spawn_or_warn(work: impl Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(work);
+        }
+        Err(_) => tracing::warn!(
+            "no tokio runtime to finish an idempotency store operation; the key frees itself \
+             when its lease expires"
+        ),
+    }
+}
+
+/// How many times, and how far apart, a claim that failed is released in the background.
+const RELEASE_TRIES: u32 = 4;
+const RELEASE_PAUSE: Duration = Duration::from_millis(250);
+
+/// Releases a claim whose answer never came (the store timed out or the connection failed).
+///
+/// NOTE: a remote store applies a claim when the command arrives, even if its reply is late or
+/// lost; without this, such a claim would hold the key for a whole lease and every retry would
+/// get `409`. The release is fenced by this request's own token, so it never frees a claim
+/// that is not ours, and it is sent after the claim on the same connection, so it lands after
+/// it.
+pub(super) fn release_in_background<St: IdempotencyStore>(
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+) {
+    spawn_or_warn(async move {
+        for attempt in 1..=RELEASE_TRIES {
+            match store.release(key, token).await {
+                Ok(_) => return,
+                Err(error) if attempt == RELEASE_TRIES => {
+                    tracing::warn!(%error, "failed to release a claim whose answer was lost; it frees itself when its lease expires");
+                }
+                Err(_) => tokio::time::sleep(RELEASE_PAUSE * attempt).await,
+            }
+        }
+    });
+}
+
+/// A claim sent to the store whose answer has not arrived yet.
+///
+/// NOTE: if dropped before the answer (the client went away), this finishes the claim in the
+/// background and releases the key if the claim won, for the same reason as
+/// [`release_in_background`].
+pub(super) struct PendingClaim<St: IdempotencyStore> {
+    future: Option<St::ClaimFuture>,
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+}
+
+impl<St: IdempotencyStore> PendingClaim<St> {
+    pub(super) fn new(
+        store: St,
+        key: StoreKey,
+        token: ClaimToken,
+        future: St::ClaimFuture,
+    ) -> Self {
+        Self {
+            future: Some(future),
+            store,
+            key,
+            token,
+        }
+    }
+
+    /// The store's answer; afterwards, dropping this does nothing.
+    pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<ClaimOutcome, StoreError>> {
+        let Some(future) = self.future.as_mut() else {
+            return Poll::Ready(Err(StoreError::unavailable(
+                "claim polled after its answer",
+            )));
+        };
+        let outcome = ready!(Pin::new(future).poll(cx));
+        self.future = None;
+        Poll::Ready(outcome)
+    }
+}
+
+impl<St: IdempotencyStore> Drop for PendingClaim<St> {
+    fn drop(&mut self) {
+        let Some(claim) = self.future.take() else {
+            return;
+        };
+        let (store, key, token) = (self.store.clone(), self.key, self.token);
+        spawn_or_warn(async move {
+            if let Ok(ClaimOutcome::Claimed) = claim.await {
+                tracing::debug!("request dropped while claiming; releasing the claim that landed");
+                log_finish(store.release(key, token).await, false);
+            }
+        });
+    }
+}
+
+/// A claim handed to a response body that streams past the store limit: renewed while the
+/// body streams, kept as not replayable when it ends (or the client leaves: the handler ran),
+/// released if the body fails.
+pub(super) struct StreamingClaim<St: IdempotencyStore> {
+    claim: ClaimGuard<St>,
+    renew: Pin<Box<Sleep>>,
+    lease: Duration,
+    retention: Duration,
+}
+
+impl<St: IdempotencyStore> StreamingClaim<St> {
+    pub(super) fn new(claim: ClaimGuard<St>, lease: Duration, retention: Duration) -> Self {
+        Self {
+            claim,
+            renew: Box::pin(tokio::time::sleep(renew_interval(lease))),
+            lease,
+            retention,
+        }
+    }
+}
+
+impl<St: IdempotencyStore> HeldClaim for StreamingClaim<St> {
+    fn poll_renew(&mut self, cx: &mut Context<'_>) {
+        self.claim.poll_renew(self.renew.as_mut(), self.lease, cx);
+    }
+
+    fn end(self: Box<Self>, kept: bool) {
+        let Self {
+            mut claim,
+            retention,
+            ..
+        } = *self;
+        if kept {
+            claim.complete(Completion::NotReplayable, retention);
+        } else {
+            tracing::debug!("response body failed after the store limit; releasing the key");
+            claim.release();
+        }
+        // Dropping the guard finishes the store write on a task of its own.
+    }
+}

@@ -1,0 +1,171 @@
+//! Record identity behind axum's `Router::nest` and `route_layer`: a record belongs to the path
+//! the client addressed, not the stripped path a nested router sees.
+#![cfg(feature = "axum")]
+
+use axum::extract::Path;
+use axum::routing::post;
+use axum::Router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use tower::ServiceExt;
+use tower_once_idempotency::scope::HeaderScope;
+use tower_once_idempotency::store::MemoryStore;
+use tower_once_idempotency::IdempotencyLayer;
+
+#[derive(Clone, Default)]
+struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    fn get(&self) -> usize {
+        self.0.load(SeqCst)
+    }
+}
+
+/// An account API, nested under `/accounts/{id}`, with the layer on the nested router.
+fn accounts(store: MemoryStore, runs: Runs) -> Router {
+    let api = Router::new()
+        .route(
+            "/charges",
+            post(move |body: String| {
+                let n = runs.0.fetch_add(1, SeqCst) + 1;
+                async move { (StatusCode::CREATED, format!("charge {n}: {body}")) }
+            }),
+        )
+        .layer(IdempotencyLayer::with_store(store).scope(HeaderScope::new("x-tenant")));
+    Router::new().nest("/accounts/{id}", api)
+}
+
+async fn send(
+    app: &Router,
+    path: &str,
+    tenant: &str,
+    key: &str,
+    body: &str,
+) -> (StatusCode, bool, String) {
+    let req = Request::post(path)
+        .header("idempotency-key", key)
+        .header("x-tenant", tenant)
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        replayed,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn another_account_with_the_same_key_and_body_runs_its_own_handler() {
+    let runs = Runs::default();
+    let app = accounts(MemoryStore::new(), runs.clone());
+    let (a, replayed_a, _) = send(&app, "/accounts/A/charges", "t", "k", "{}").await;
+    let (b, replayed_b, _) = send(&app, "/accounts/B/charges", "t", "k", "{}").await;
+    assert_eq!((a, b), (StatusCode::CREATED, StatusCode::CREATED));
+    assert!(
+        !replayed_a && !replayed_b,
+        "B is not answered with A's charge"
+    );
+    assert_eq!(runs.get(), 2);
+    let (_, again, _) = send(&app, "/accounts/B/charges", "t", "k", "{}").await;
+    assert!(again, "B's own retry is replayed");
+    assert_eq!(runs.get(), 2);
+}
+
+#[tokio::test]
+async fn two_nested_routers_sharing_a_store_never_replay_each_other() {
+    let store = MemoryStore::new();
+    let (payments, refunds) = (Runs::default(), Runs::default());
+    let handler = |runs: Runs| {
+        post(move || {
+            runs.0.fetch_add(1, SeqCst);
+            async { StatusCode::CREATED }
+        })
+    };
+    let layer = IdempotencyLayer::with_store(store);
+    let app = Router::new()
+        .nest(
+            "/payments",
+            Router::new()
+                .route("/", handler(payments.clone()))
+                .layer(layer.clone()),
+        )
+        .nest(
+            "/refunds",
+            Router::new()
+                .route("/", handler(refunds.clone()))
+                .layer(layer),
+        );
+    let (_, r1, _) = send(&app, "/payments", "t", "k", "{}").await;
+    let (_, r2, _) = send(&app, "/refunds", "t", "k", "{}").await;
+    assert!(!r1 && !r2);
+    assert_eq!((payments.get(), refunds.get()), (1, 1));
+}
+
+#[tokio::test]
+async fn route_layer_inside_a_nested_router_uses_the_full_path() {
+    let runs = Runs::default();
+    let counted = runs.clone();
+    let api = Router::new()
+        .route(
+            "/charges",
+            post(move |Path(id): Path<String>| {
+                counted.0.fetch_add(1, SeqCst);
+                async move { (StatusCode::CREATED, id) }
+            }),
+        )
+        .route_layer(IdempotencyLayer::new());
+    let app = Router::new().nest("/accounts/{id}", api);
+    let (_, _, a) = send(&app, "/accounts/A/charges", "t", "k", "{}").await;
+    let (_, replayed, b) = send(&app, "/accounts/B/charges", "t", "k", "{}").await;
+    assert_eq!((a.as_str(), b.as_str()), ("A", "B"));
+    assert!(!replayed);
+    assert_eq!(runs.get(), 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random (scope, account, key, body) requests through a nested router: a request is
+    /// replayed only when the same tenant sent the same key to the same account before, and
+    /// then only with the same body; otherwise its handler runs.
+    #[test]
+    fn a_record_is_shared_only_by_the_same_resource_and_key(
+        requests in proptest::collection::vec(
+            (0..2u8, 0..3u8, 0..2u8, 0..2u8), 1..12,
+        )
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let runs = Runs::default();
+            let app = accounts(MemoryStore::new(), runs.clone());
+            let mut seen = std::collections::HashMap::new();
+            let mut expected_runs = 0;
+            for (tenant, account, key, body) in requests {
+                let path = format!("/accounts/{account}/charges");
+                let (tenant, key, body) = (format!("t{tenant}"), format!("k{key}"), format!("b{body}"));
+                let (status, replayed, _) = send(&app, &path, &tenant, &key, &body).await;
+                match seen.get(&(tenant.clone(), account, key.clone())) {
+                    None => {
+                        expected_runs += 1;
+                        prop_assert_eq!(status, StatusCode::CREATED);
+                        prop_assert!(!replayed);
+                        seen.insert((tenant, account, key), body);
+                    }
+                    Some(first) if *first == body => {
+                        prop_assert!(replayed);
+                    }
+                    Some(_) => prop_assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY),
+                }
+                prop_assert_eq!(runs.get(), expected_runs);
+            }
+            Ok(())
+        })?;
+    }
+}
