@@ -13,6 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -252,7 +253,7 @@ async fn missing_and_invalid_keys_are_400_and_charge_nothing() {
 }
 
 #[tokio::test]
-async fn handler_400_is_stored_and_replayed() {
+async fn handler_400_is_not_stored_so_a_fixed_resend_runs() {
     let server = start().await;
     let bad = server
         .post(
@@ -271,9 +272,19 @@ async fn handler_400_is_stored_and_replayed() {
             r#"{"order_id":"A","amount":-5}"#,
         )
         .await;
-    assert!(again.replayed());
-    assert_eq!(again.body, bad.body);
+    assert!(!again.replayed(), "a validation rejection is not stored");
+    assert_eq!(again.status, StatusCode::BAD_REQUEST);
     assert!(server.charges().await.is_empty());
+    let fixed = server
+        .post(
+            "/charges",
+            Some("neg"),
+            None,
+            r#"{"order_id":"A","amount":5}"#,
+        )
+        .await;
+    assert_eq!(fixed.status, StatusCode::CREATED, "the fixed resend runs");
+    assert_eq!(server.charges().await.len(), 1);
 }
 
 #[tokio::test]
@@ -291,22 +302,17 @@ async fn a_5xx_releases_the_key_so_the_retry_charges_once() {
 }
 
 #[tokio::test]
-async fn a_client_that_disconnects_mid_request_frees_its_key() {
+async fn a_client_that_disconnects_mid_handler_is_charged_once_and_its_retry_replayed() {
     let server = Arc::new(start().await);
+    const SLOW: &str = "/charges?delay_ms=600";
     let slow = {
         let server = server.clone();
-        tokio::spawn(async move {
-            server
-                .post("/charges?delay_ms=3000", Some("gone"), None, ORDER_A)
-                .await
-        })
+        tokio::spawn(async move { server.post(SLOW, Some("gone"), None, ORDER_A).await })
     };
     // Wait (bounded) until the slow request holds the key.
     let mut held = false;
     for _ in 0..200 {
-        let dup = server
-            .post("/charges?delay_ms=3000", Some("gone"), None, ORDER_A)
-            .await;
+        let dup = server.post(SLOW, Some("gone"), None, ORDER_A).await;
         if dup.status == StatusCode::CONFLICT {
             held = true;
             break;
@@ -314,29 +320,105 @@ async fn a_client_that_disconnects_mid_request_frees_its_key() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(held, "the slow request claimed the key");
-    slow.abort(); // drops the client's connection; hyper drops the handler's future
+    slow.abort(); // drops the client's connection; hyper drops the request's future
     let _ = slow.await;
 
     let mut retried = None;
-    for _ in 0..200 {
-        let answer = server.post("/charges", Some("gone"), None, ORDER_A).await;
+    for _ in 0..400 {
+        let answer = server.post(SLOW, Some("gone"), None, ORDER_A).await;
         if answer.status != StatusCode::CONFLICT {
             retried = Some(answer);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let retried = retried.expect("the key was freed well before the slow handler would finish");
+    let retried = retried.expect("the abandoned handler finished");
     assert_eq!(retried.status, StatusCode::CREATED);
     assert!(
-        !retried.replayed(),
-        "the retry ran instead of replaying the abandoned request"
+        retried.replayed(),
+        "the retry got the abandoned request's answer"
     );
+    assert_eq!(server.charges().await.len(), 1, "charged exactly once");
+}
+
+/// A handler whose body ends with trailers, announced in a `Trailer` header.
+async fn with_trailers() -> Response<axum::body::Body> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", http::HeaderValue::from_static("abc123"));
+    let frames = vec![
+        Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(b"payload"))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ];
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("trailer", "x-checksum")
+        .body(axum::body::Body::new(body))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn trailers_reach_http1_clients_first_time_and_on_replay() {
+    let app = Router::new()
+        .route("/t", axum::routing::post(with_trailers))
+        .layer(IdempotencyLayer::new());
+    let addr = serve(app).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let req = Request::post(format!("http://{addr}/t"))
+            .header("idempotency-key", "tr")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .unwrap();
+        let res = client.request(req).await.unwrap();
+        assert_eq!(res.version(), http::Version::HTTP_11);
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let collected = res.into_body().collect().await.unwrap();
+        let trailer = collected
+            .trailers()
+            .and_then(|t| t.get("x-checksum"))
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(collected.to_bytes(), "payload");
+        seen.push((replayed, trailer));
+    }
     assert_eq!(
-        server.charges().await.len(),
-        1,
-        "the abandoned request never charged"
+        seen,
+        [
+            (false, Some("abc123".to_owned())),
+            (true, Some("abc123".to_owned()))
+        ]
     );
+}
+
+#[tokio::test]
+async fn a_client_still_uploading_reads_its_413() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let app = Router::new()
+        .route(
+            "/upload",
+            axum::routing::post(move || {
+                counter.fetch_add(1, SeqCst);
+                async { StatusCode::CREATED }
+            }),
+        )
+        .layer(IdempotencyLayer::new().body_limit(64 * 1024));
+    let addr = serve(app).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let big = Bytes::from(vec![b'x'; 1024 * 1024]);
+    for n in 0..10 {
+        let req = Request::post(format!("http://{addr}/upload"))
+            .header("idempotency-key", format!("u{n}"))
+            .body(Full::new(big.clone()))
+            .unwrap();
+        let res = client
+            .request(req)
+            .await
+            .expect("the client reads the answer, not a reset");
+        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    assert_eq!(runs.load(SeqCst), 0);
 }
 
 #[tokio::test]

@@ -237,9 +237,45 @@ async fn a_frozen_redis_times_out_into_503_and_recovers() {
     );
     assert_eq!(runs.load(SeqCst), 1, "no handler ran without a claim");
 
+    // The frozen claim landed when Redis woke up; it was released in the background, so the
+    // client's retry of the same key runs well within the 10 s lease it would otherwise hold.
+    let started = std::time::Instant::now();
+    let retried = created_within_5s(svc.clone(), "frozen").await;
+    assert!(retried, "the retry ran instead of 409 for a whole lease");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(runs.load(SeqCst), 2);
+
     let recovered = created_within_5s(svc.clone(), "after").await;
     assert!(recovered);
-    assert_eq!(runs.load(SeqCst), 2);
+    assert_eq!(runs.load(SeqCst), 3);
+}
+
+#[tokio::test]
+async fn huge_durations_neither_panic_nor_leave_a_half_written_record() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let (handler, runs) = counting_handler(Duration::ZERO);
+    let svc = IdempotencyLayer::with_store(store)
+        .lease(Duration::MAX)
+        .retention(Duration::MAX)
+        .layer(handler);
+    assert_eq!(
+        call(svc.clone(), "k", "x").await,
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(
+        call(svc.clone(), "k", "x").await,
+        (StatusCode::CREATED, true)
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+    let keys = redis.cli(&["--scan", "--pattern", "tower-once:*"]);
+    let key = keys.lines().next().expect("one record");
+    let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+    assert!(ttl > 0, "the record expires some day: {ttl}");
 }
 
 /// Retries a keyed call (bounded: 100 tries, 50 ms apart) until it answers 201.

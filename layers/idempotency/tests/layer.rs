@@ -1161,3 +1161,112 @@ async fn dropping_the_request_while_its_claim_is_in_flight_frees_the_key() {
     );
     assert_eq!(handler.runs(), 1);
 }
+
+/// A handler whose response streams `chunks` of 1 KiB and then fails, or ends cleanly.
+fn streaming_handler(
+    runs: Arc<AtomicUsize>,
+    fail: bool,
+) -> impl Service<
+    Req,
+    Response = Response<
+        StreamBody<
+            futures_util::stream::Iter<
+                std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>,
+            >,
+        >,
+    >,
+    Error = &'static str,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_req: Req| {
+        runs.fetch_add(1, SeqCst);
+        let mut frames: Vec<Result<http_body::Frame<Bytes>, &'static str>> = (0..4)
+            .map(|_| Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 1024]))))
+            .collect();
+        if fail {
+            frames.push(Err("the response body failed"));
+        }
+        async move {
+            Ok(Response::new(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_over_limit_response_that_fails_mid_stream_releases_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = layer()
+        .response_limit(1024)
+        .layer(streaming_handler(runs.clone(), true));
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert!(
+        res.into_body().collect().await.is_err(),
+        "the client saw the failure"
+    );
+    tokio::task::yield_now().await;
+    assert!(
+        svc.store_ref().is_empty(),
+        "released, not kept as not-replayable"
+    );
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the retry ran");
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_over_limit_response_that_ends_cleanly_is_kept_not_replayable() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = layer()
+        .response_limit(1024)
+        .layer(streaming_handler(runs.clone(), false));
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 4 * 1024, "the first caller gets it all");
+    tokio::task::yield_now().await;
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(runs.load(SeqCst), 1, "the handler never runs twice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn huge_lease_and_retention_do_not_panic() {
+    let handler = Handler::default();
+    let mut svc = layer()
+        .lease(Duration::MAX)
+        .retention(Duration::MAX)
+        .layer(handler.clone());
+    assert_eq!(
+        send(&mut svc, post("/c", Some("k"), "x")).await.status,
+        StatusCode::CREATED
+    );
+    assert!(send(&mut svc, post("/c", Some("k"), "x")).await.replayed());
+    assert_eq!(handler.runs(), 1);
+}

@@ -111,6 +111,8 @@ pub const DEFAULT_PREFIX: &str = "tower-once:idem:";
 /// The claim script. `KEYS[1]` the record; `ARGV` token, fingerprint, lease in ms. Claims a
 /// free key, or returns the record that holds it.
 pub const CLAIM_SCRIPT: &str = r"
+local ms = tonumber(ARGV[3])
+if not ms or ms < 1 or ms > 3153600000000 then return redis.error_reply('bad lease') end
 local r = redis.call('HMGET', KEYS[1], 's', 'f')
 if not r[1] then
   redis.call('HSET', KEYS[1], 's', 'p', 't', ARGV[1], 'f', ARGV[2])
@@ -130,6 +132,8 @@ return {'n', r[2]}
 /// The complete script. `KEYS[1]` the record; `ARGV` token, retention in ms, kind (`c` or
 /// `n`), status, headers, body, trailers (empty when none). Fenced by the token.
 pub const COMPLETE_SCRIPT: &str = r"
+local ms = tonumber(ARGV[2])
+if not ms or ms < 1 or ms > 3153600000000 then return redis.error_reply('bad retention') end
 local r = redis.call('HMGET', KEYS[1], 's', 't')
 if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
 if ARGV[3] == 'c' then
@@ -155,6 +159,8 @@ return 0
 
 /// The extend script. `KEYS[1]` the record; `ARGV` token, lease in ms. Fenced by the token.
 pub const EXTEND_SCRIPT: &str = r"
+local ms = tonumber(ARGV[2])
+if not ms or ms < 1 or ms > 3153600000000 then return redis.error_reply('bad lease') end
 local r = redis.call('HMGET', KEYS[1], 's', 't')
 if r[1] == 'p' and r[2] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -378,11 +384,11 @@ where
     }
 }
 
-/// Milliseconds, at least 1 (`PEXPIRE 0` would delete the key at once).
+/// Milliseconds, at least 1 (`PEXPIRE 0` would delete the key at once) and at most about 100
+/// years: Redis refuses an expiry whose end overflows, which would leave a script half done.
 fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1)
+    let capped = duration.min(crate::config::MAX_DURATION);
+    u64::try_from(capped.as_millis()).unwrap_or(1).max(1)
 }
 
 fn encode_headers(headers: &HeaderMap) -> Result<Vec<u8>, StoreError> {
