@@ -372,3 +372,34 @@ mod tests {
         }
     }
 }
+
+/// The classifier an [`HttpRetry`](crate::http::HttpRetry) uses: the one chosen with
+/// [`RetryLayer::classify`](crate::RetryLayer::classify), or [`HttpClassifier`] when none was
+/// chosen — so `RetryLayer::new().into_http()` retries a `503` as an HTTP client expects.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpDefault<C> {
+    chosen: C,
+    http: bool,
+}
+
+impl<C> HttpDefault<C> {
+    pub(crate) const fn new(chosen: C, chosen_by_user: bool) -> Self {
+        Self {
+            chosen,
+            http: !chosen_by_user,
+        }
+    }
+}
+
+impl<B, E, C> Classify<Response<B>, E> for HttpDefault<C>
+where
+    C: Classify<Response<B>, E>,
+{
+    fn classify(&self, outcome: &Result<Response<B>, E>) -> Action {
+        if self.http {
+            HttpClassifier.classify(outcome)
+        } else {
+            self.chosen.classify(outcome)
+        }
+    }
+}

@@ -21,6 +21,10 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future>,
+        // The operation's deadline, armed only once an attempt (or readiness) is pending: the
+        // layer ends the operation at its deadline whatever sits below it.
+        #[pin]
+        cutoff: Option<Sleep>,
         operation: Option<Operation<S, Req, C, H>>,
     }
 }
@@ -32,6 +36,7 @@ pin_project! {
         Waiting { #[pin] sleep: Sleep },
         Readying,
         Passthrough { #[pin] future: F },
+        Done,
     }
 }
 
@@ -54,6 +59,7 @@ where
     pub(crate) fn new(first: S::Future, operation: Operation<S, Req, C, H>) -> Self {
         Self {
             state: State::Calling { future: first },
+            cutoff: None,
             operation: Some(operation),
         }
     }
@@ -61,6 +67,7 @@ where
     pub(crate) fn passthrough(future: S::Future) -> Self {
         Self {
             state: State::Passthrough { future },
+            cutoff: None,
             operation: None,
         }
     }
@@ -106,7 +113,10 @@ where
         };
         // NOTE: never sleep in vain: a wait that ends at or past the deadline leaves no time
         // for the attempt after it, so stop now with what we have.
-        if Instant::now() + delay >= self.deadline.instant() {
+        if Instant::now()
+            .checked_add(delay)
+            .is_none_or(|end| end >= self.deadline.instant())
+        {
             return give_up(GiveUp::Deadline);
         }
         if let Some(budget) = &settings.budget {
@@ -146,7 +156,6 @@ where
         let mut this = self.project();
         loop {
             let Some(op) = this.operation.as_mut() else {
-                // Only a nested (deferring) retry has no operation: one attempt, as it is.
                 return match this.state.project() {
                     StateProj::Passthrough { future } => Poll::Ready(
                         ready!(future.poll(cx))
@@ -157,7 +166,13 @@ where
             };
             match this.state.as_mut().project() {
                 StateProj::Calling { future } => {
-                    let outcome = ready!(future.poll(cx));
+                    // NOTE: polled inside the attempt's scope too, so that an inner RetryLayer
+                    // or TimeoutLayer reached from this future (an `async` block, a
+                    // `oneshot`) sees the operation: see `service::in_attempt`.
+                    let deadline = op.deadline;
+                    let Poll::Ready(outcome) = in_attempt(deadline, || future.poll(cx)) else {
+                        return cut_off(this.cutoff.as_mut(), this.operation, this.state, cx);
+                    };
                     match op.next_delay(&outcome) {
                         Ok(delay) => this.state.set(State::Waiting {
                             sleep: tokio::time::sleep(delay),
@@ -165,6 +180,7 @@ where
                         Err(reason) => {
                             let attempts = op.attempt;
                             *this.operation = None;
+                            this.state.set(State::Done);
                             return Poll::Ready(
                                 outcome.map_err(|e| RetryError::new(reason, attempts, e)),
                             );
@@ -176,9 +192,13 @@ where
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
-                    if let Err(e) = ready!(op.service.poll_ready(cx)) {
+                    let Poll::Ready(ready) = op.service.poll_ready(cx) else {
+                        return cut_off(this.cutoff.as_mut(), this.operation, this.state, cx);
+                    };
+                    if let Err(e) = ready {
                         let attempts = op.attempt;
                         *this.operation = None;
+                        this.state.set(State::Done);
                         return Poll::Ready(Err(RetryError::new(
                             GiveUp::NotRetryable,
                             attempts,
@@ -192,8 +212,40 @@ where
                     let future = in_attempt(op.deadline, || service.call(request));
                     this.state.set(State::Calling { future });
                 }
-                StateProj::Passthrough { .. } => panic!("ResponseFuture polled after completion"),
+                StateProj::Passthrough { .. } | StateProj::Done => {
+                    panic!("ResponseFuture polled after completion")
+                }
             }
         }
     }
+}
+
+/// An attempt (or the service's readiness) is pending: ends the operation if its deadline has
+/// passed, else waits for whichever comes first.
+fn cut_off<S, Req, C, H, F, T, E>(
+    mut cutoff: Pin<&mut Option<Sleep>>,
+    operation: &mut Option<Operation<S, Req, C, H>>,
+    mut state: Pin<&mut State<F>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, RetryError<E>>> {
+    let Some(op) = operation.as_ref() else {
+        return Poll::Pending;
+    };
+    if cutoff.is_none() {
+        cutoff.set(Some(tokio::time::sleep_until(op.deadline.instant())));
+    }
+    let Some(timer) = cutoff.as_pin_mut() else {
+        return Poll::Pending;
+    };
+    ready!(timer.poll(cx));
+    let attempts = op.attempt;
+    tracing::debug!(
+        attempts,
+        reason = GiveUp::Deadline.as_str(),
+        "deadline passed mid-attempt; giving up"
+    );
+    op.config.settings.stats.give_up(GiveUp::Deadline);
+    *operation = None;
+    state.set(State::Done);
+    Poll::Ready(Err(RetryError::deadline(attempts)))
 }

@@ -2,8 +2,10 @@
 //!
 //! [`HttpRetryLayer`] is a [`RetryLayer`] for `http::Request`s, made with
 //! [`RetryLayer::into_http`](crate::RetryLayer::into_http) (every retry setting carries over)
-//! or [`HttpRetryLayer::new`] (the defaults with [`HttpClassifier`]). On top of the generic
-//! layer it:
+//! or [`HttpRetryLayer::new`] (the defaults with [`HttpClassifier`]). It classifies HTTP
+//! responses with [`HttpClassifier`] unless another classifier was chosen with
+//! [`classify`](HttpRetryLayer::classify), so `RetryLayer::new().into_http()` retries a `503`.
+//! On top of the generic layer it:
 //!
 //! - **retries only safe requests**: idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`,
 //!   `DELETE`, `TRACE`) and requests carrying an `Idempotency-Key`. Other requests get one
@@ -21,23 +23,27 @@
 //! use tower_once_retry::RetryLayer;
 //!
 //! let layer = RetryLayer::new()
-//!     .classify(tower_once_retry::classify::HttpClassifier)
 //!     .deadline(Duration::from_secs(10))
 //!     .into_http()
 //!     .stamp_idempotency_keys(true);
+//! // The same, built from the HTTP layer:
+//! let same = tower_once_retry::http::HttpRetryLayer::new()
+//!     .deadline(Duration::from_secs(10))
+//!     .stamp_idempotency_keys(true);
+//! # let _ = same;
 //! # let _ = layer;
 //! ```
 
-use crate::classify::{Classify, HttpClassifier};
+use crate::backoff::Backoff;
+use crate::budget::RetryBudget;
+use crate::classify::{Classify, HttpClassifier, HttpDefault};
 use crate::error::{GiveUp, RetryError};
 use crate::hook::{OnRetry, StatsSnapshot};
 use crate::layer::Config;
-use crate::service::{is_nested, start};
+use crate::service::{in_attempt, is_nested, saturating_add, start, InAttempt};
 use crate::RetryLayer;
 use bytes::Bytes;
-use http::{
-    Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version,
-};
+use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -45,13 +51,15 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_once_core::body::{BufferedBody, Collector};
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
-/// The `Idempotency-Key` header.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The `Idempotency-Key` header, checked and stamped by this layer.
+pub use tower_once_core::IDEMPOTENCY_KEY;
 
 /// The HTTP retry layer. See the [module docs](self).
 #[derive(Clone)]
@@ -87,6 +95,72 @@ impl<C, H> RetryLayer<C, H> {
 }
 
 impl<C, H> HttpRetryLayer<C, H> {
+    /// See [`RetryLayer::max_attempts`].
+    ///
+    /// # Panics
+    ///
+    /// If `attempts` is zero.
+    pub fn max_attempts(self, attempts: u32) -> Self {
+        self.map(|r| r.max_attempts(attempts))
+    }
+
+    /// See [`RetryLayer::backoff`].
+    pub fn backoff(self, backoff: Backoff) -> Self {
+        self.map(|r| r.backoff(backoff))
+    }
+
+    /// See [`RetryLayer::retry_after_cap`].
+    pub fn retry_after_cap(self, cap: Duration) -> Self {
+        self.map(|r| r.retry_after_cap(cap))
+    }
+
+    /// See [`RetryLayer::deadline`].
+    ///
+    /// # Panics
+    ///
+    /// If `deadline` is zero.
+    pub fn deadline(self, deadline: Duration) -> Self {
+        self.map(|r| r.deadline(deadline))
+    }
+
+    /// See [`RetryLayer::budget`].
+    pub fn budget(self, budget: RetryBudget) -> Self {
+        self.map(|r| r.budget(budget))
+    }
+
+    /// See [`RetryLayer::no_budget`].
+    pub fn no_budget(self) -> Self {
+        self.map(RetryLayer::no_budget)
+    }
+
+    /// See [`RetryLayer::rng_seed`].
+    pub fn rng_seed(self, seed: u64) -> Self {
+        self.map(|r| r.rng_seed(seed))
+    }
+
+    /// See [`RetryLayer::classify`]: replaces the default [`HttpClassifier`].
+    pub fn classify<C2>(self, classifier: C2) -> HttpRetryLayer<C2, H> {
+        HttpRetryLayer {
+            retry: self.retry.classify(classifier),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+
+    /// See [`RetryLayer::on_retry`].
+    pub fn on_retry<H2>(self, hook: H2) -> HttpRetryLayer<C, H2> {
+        HttpRetryLayer {
+            retry: self.retry.on_retry(hook),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+
+    fn map(mut self, f: impl FnOnce(RetryLayer<C, H>) -> RetryLayer<C, H>) -> Self {
+        self.retry = f(self.retry);
+        self
+    }
+
     /// The largest request body buffered for replay; larger ones go out once. Default 64 KiB.
     pub fn body_limit(mut self, limit: usize) -> Self {
         self.body_limit = limit;
@@ -120,9 +194,17 @@ impl<S, C: Clone, H: Clone> Layer<S> for HttpRetryLayer<C, H> {
     type Service = HttpRetry<S, C, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let config = self.retry.config();
         HttpRetry {
             inner,
-            config: Arc::new(self.retry.config().clone()),
+            config: Arc::new(Config {
+                settings: config.settings.clone(),
+                classifier: HttpDefault::new(
+                    config.classifier.clone(),
+                    config.settings.classifier_set,
+                ),
+                hook: config.hook.clone(),
+            }),
             body_limit: self.body_limit,
             stamp: self.stamp,
         }
@@ -130,9 +212,9 @@ impl<S, C: Clone, H: Clone> Layer<S> for HttpRetryLayer<C, H> {
 }
 
 /// Middleware built by [`HttpRetryLayer`].
-pub struct HttpRetry<S, C, H> {
+pub struct HttpRetry<S, C = HttpClassifier, H = ()> {
     inner: S,
-    config: Arc<Config<C, H>>,
+    config: Arc<Config<HttpDefault<C>, H>>,
     body_limit: usize,
     stamp: bool,
 }
@@ -175,7 +257,7 @@ where
 {
     type Response = Response<ResB>;
     type Error = RetryError<S::Error>;
-    type Future = HttpResponseFuture<S, B, C, H>;
+    type Future = HttpResponseFuture<S, B, HttpDefault<C>, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
@@ -184,9 +266,13 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if is_nested() {
-            return HttpResponseFuture::once(self.inner.call(req.map(ReplayBody::streaming)));
+        if is_nested() || req.extensions().get::<InAttempt>().is_some() {
+            tracing::trace!("nested RetryLayer: deferring to the outer one");
+            return HttpResponseFuture::passthrough(
+                self.inner.call(req.map(ReplayBody::streaming)),
+            );
         }
+        let deadline = operation_deadline(&self.config, &req);
         let stampable = matches!(*req.method(), Method::POST | Method::PATCH);
         if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
             let key = uuid::Uuid::new_v4().hyphenated().to_string();
@@ -201,8 +287,10 @@ where
             let stats = &self.config.settings.stats;
             stats.operation();
             stats.attempt();
-            let mut service = service;
-            return HttpResponseFuture::once(service.call(req.map(ReplayBody::streaming)));
+            return HttpResponseFuture::once(
+                call_once(service, req.map(ReplayBody::streaming), deadline),
+                deadline,
+            );
         }
         let (parts, body) = req.into_parts();
         let template = ReplayRequest {
@@ -215,7 +303,12 @@ where
         };
         let config = Arc::clone(&self.config);
         if body.is_end_stream() {
-            return HttpResponseFuture::retrying(start(Rebuild::new(service), template, config));
+            return HttpResponseFuture::retrying(start(
+                Rebuild::new(service),
+                template,
+                config,
+                Some(deadline),
+            ));
         }
         HttpResponseFuture {
             state: HttpState::Buffering {
@@ -227,6 +320,7 @@ where
                 template,
                 config,
                 limit: self.body_limit,
+                deadline,
             }),
         }
     }
@@ -303,6 +397,7 @@ where
         if let Some(deadline) = Deadline::current() {
             replay.extensions.insert(deadline);
         }
+        replay.extensions.insert(InAttempt);
         let body = ReplayBody::full(std::mem::take(&mut replay.body));
         self.inner.call(replay.into_request(body))
     }
@@ -320,6 +415,7 @@ struct Pending<S, C, H> {
     template: ReplayRequest,
     config: Arc<Config<C, H>>,
     limit: usize,
+    deadline: Deadline,
 }
 
 type Core<S, B, C, H> = crate::ResponseFuture<Rebuild<S, B>, ReplayRequest, C, H>;
@@ -342,7 +438,10 @@ pin_project! {
     enum HttpState<F, B, R> {
         Buffering { body: Option<Pin<Box<B>>>, collected: Collector },
         Retrying { #[pin] core: R },
-        Once { #[pin] future: F },
+        // One attempt, still bound by the operation's deadline.
+        Once { #[pin] future: F, #[pin] cutoff: Sleep },
+        // Inside another retry layer's attempt: that layer owns the operation.
+        Passthrough { #[pin] future: F },
     }
 }
 
@@ -351,9 +450,19 @@ where
     B: Body,
     S: Service<Request<ReplayBody<B>>>,
 {
-    fn once(future: S::Future) -> Self {
+    fn once(future: S::Future, deadline: Deadline) -> Self {
         Self {
-            state: HttpState::Once { future },
+            state: HttpState::Once {
+                future,
+                cutoff: tokio::time::sleep_until(deadline.instant()),
+            },
+            pending: None,
+        }
+    }
+
+    fn passthrough(future: S::Future) -> Self {
+        Self {
+            state: HttpState::Passthrough { future },
             pending: None,
         }
     }
@@ -380,7 +489,16 @@ where
         loop {
             match this.state.as_mut().project() {
                 HttpStateProj::Retrying { core } => return core.poll(cx),
-                HttpStateProj::Once { future } => {
+                HttpStateProj::Once { future, cutoff } => {
+                    if let Poll::Ready(outcome) = future.poll(cx) {
+                        return Poll::Ready(
+                            outcome.map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
+                        );
+                    }
+                    ready!(cutoff.poll(cx));
+                    return Poll::Ready(Err(RetryError::deadline(1)));
+                }
+                HttpStateProj::Passthrough { future } => {
                     return Poll::Ready(
                         ready!(future.poll(cx))
                             .map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
@@ -406,6 +524,7 @@ where
                         service,
                         template,
                         config,
+                        deadline,
                         ..
                     }) = this.pending.take()
                     else {
@@ -416,8 +535,7 @@ where
                         let stats = &config.settings.stats;
                         stats.operation();
                         stats.attempt();
-                        let mut service = service;
-                        service.call(template.into_request(body))
+                        call_once(service, template.into_request(body), deadline)
                     };
                     match (outcome, body.take()) {
                         (Buffered::Complete, _) => {
@@ -426,14 +544,17 @@ where
                                 ..template
                             };
                             this.state.set(HttpState::Retrying {
-                                core: start(Rebuild::new(service), replay, config),
+                                core: start(Rebuild::new(service), replay, config, Some(deadline)),
                             });
                         }
                         (Buffered::Over(data), Some(rest)) => {
                             tracing::debug!("request body over the replay limit: one attempt");
                             let body = ReplayBody::prefixed(collected.finish_with(data), rest);
                             let future = once(body, service, template);
-                            this.state.set(HttpState::Once { future });
+                            this.state.set(HttpState::Once {
+                                future,
+                                cutoff: tokio::time::sleep_until(deadline.instant()),
+                            });
                         }
                         (Buffered::Failed(error), _) => {
                             // NOTE: never pass a truncated body off as complete, nor replay it:
@@ -441,7 +562,10 @@ where
                             tracing::debug!("request body failed while buffering: one attempt");
                             let body = ReplayBody::failed(collected.finish(), error);
                             let future = once(body, service, template);
-                            this.state.set(HttpState::Once { future });
+                            this.state.set(HttpState::Once {
+                                future,
+                                cutoff: tokio::time::sleep_until(deadline.instant()),
+                            });
                         }
                         (Buffered::Over(_), None) => {
                             panic!("HttpResponseFuture polled after completion")
@@ -459,3 +583,27 @@ where
 /// it was read), or the bytes read and then the error of a body that failed while buffering
 /// ([`failed`](BufferedBody::failed)).
 pub type ReplayBody<B> = BufferedBody<B>;
+
+/// The operation's deadline: this layer's own, or an earlier one the request already carries
+/// (in its extensions, from an outer layer across a `Buffer`, or in the call scope).
+fn operation_deadline<C, H, B>(config: &Config<C, H>, req: &Request<B>) -> Deadline {
+    let own = Deadline::at(saturating_add(
+        tokio::time::Instant::now(),
+        config.settings.deadline,
+    ));
+    match Deadline::of(req) {
+        Some(outer) if outer < own => outer,
+        _ => own,
+    }
+}
+
+/// Sends a request that gets a single attempt, with the operation's deadline in its extensions
+/// and in scope (for an `HttpTimeoutLayer` below), marked as inside an attempt.
+fn call_once<S, B>(mut service: S, mut req: Request<B>, deadline: Deadline) -> S::Future
+where
+    S: Service<Request<B>>,
+{
+    req.extensions_mut().insert(deadline);
+    req.extensions_mut().insert(InAttempt);
+    in_attempt(deadline, || service.call(req))
+}

@@ -42,6 +42,9 @@ pub(crate) struct Settings {
     pub(crate) budget: Option<RetryBudget>,
     pub(crate) rng: Option<Arc<Mutex<fastrand::Rng>>>,
     pub(crate) stats: Arc<Stats>,
+    // Whether `classify` was called: the HTTP form then keeps the chosen classifier instead of
+    // classifying HTTP responses by default.
+    pub(crate) classifier_set: bool,
 }
 
 impl RetryLayer {
@@ -59,6 +62,7 @@ impl RetryLayer {
                     budget: Some(RetryBudget::default()),
                     rng: None,
                     stats: Arc::default(),
+                    classifier_set: false,
                 },
                 classifier: RetryOnError,
                 hook: (),
@@ -129,7 +133,8 @@ impl<C, H> RetryLayer<C, H> {
 
     /// How outcomes are classified: see [`classify`](crate::classify).
     pub fn classify<C2>(self, classifier: C2) -> RetryLayer<C2, H> {
-        let c = self.config;
+        let mut c = self.config;
+        c.settings.classifier_set = true;
         RetryLayer {
             config: Config {
                 settings: c.settings,

@@ -11,7 +11,7 @@ use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 /// Middleware that retries failed calls; built by [`RetryLayer`](crate::RetryLayer).
-pub struct Retry<S, C, H> {
+pub struct Retry<S, C = crate::classify::RetryOnError, H = ()> {
     inner: S,
     config: Arc<Config<C, H>>,
 }
@@ -75,10 +75,17 @@ pub(crate) fn is_nested() -> bool {
 
 /// Starts an operation: counts it, fixes its deadline, and makes the first attempt on
 /// `service`, which must be ready.
+/// Marks a request sent by a retry attempt, so that a retry layer below it (even across a
+/// `tower::buffer::Buffer` or a spawned task, where the thread-local mark does not reach)
+/// defers to the outer one instead of multiplying attempts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InAttempt;
+
 pub(crate) fn start<S, Req, C, H>(
     mut service: S,
     req: Req,
     config: Arc<Config<C, H>>,
+    outer: Option<Deadline>,
 ) -> ResponseFuture<S, Req, C, H>
 where
     S: Service<Req>,
@@ -91,8 +98,8 @@ where
     if let Some(budget) = &settings.budget {
         budget.deposit_at(now);
     }
-    let own = Deadline::at(now + settings.deadline);
-    let deadline = match Deadline::current() {
+    let own = Deadline::at(saturating_add(now, settings.deadline));
+    let deadline = match outer {
         Some(outer) if outer < own => outer,
         _ => own,
     };
@@ -137,6 +144,12 @@ where
         // The service in `self` was driven to readiness: the first attempt uses it.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
-        start(service, req, Arc::clone(&self.config))
+        start(service, req, Arc::clone(&self.config), Deadline::current())
     }
+}
+
+/// `now + budget`, saturating (about 100 years) instead of panicking on `Duration::MAX`.
+pub(crate) fn saturating_add(now: tokio::time::Instant, budget: Duration) -> tokio::time::Instant {
+    now.checked_add(budget)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
