@@ -13,7 +13,8 @@
 //!   `grpc-timeout` in both directions.
 //! - [`retry`] (feature `retry`): classified retries with jittered backoff, `Retry-After`, one
 //!   deadline across attempts and a shared retry budget, for any service whose requests are
-//!   `Clone`. Replaying non-`Clone` HTTP bodies and idempotency-key stamping are not there yet.
+//!   `Clone`; its HTTP form replays non-`Clone` bodies, retries only safe requests and stamps
+//!   idempotency keys. The layer ends an operation at its deadline whatever sits below it.
 //!
 //! # Example
 //!
@@ -45,13 +46,12 @@
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_once::retry::{classify::HttpClassifier, RetryLayer};
+//! use tower_once::retry::RetryLayer;
 //! use tower_once::timeout::http::HttpTimeoutLayer;
 //!
 //! let client = ServiceBuilder::new()
 //!     .layer(
 //!         RetryLayer::new()
-//!             .classify(HttpClassifier)
 //!             .deadline(Duration::from_secs(10))
 //!             .into_http()
 //!             .stamp_idempotency_keys(true),
@@ -97,8 +97,9 @@
 //! | feature       | default | enables |
 //! |---------------|---------|---------|
 //! | `idempotency` | yes     | [`idempotency`]: `IdempotencyLayer` and the in-memory store |
-//! | `retry`       | no      | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
-//! | `timeout`     | no      | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
+//! | `axum`        | yes     | records follow the path the client addressed behind axum's `Router::nest` (reads axum's `OriginalUri`) |
+//! | `retry`       | yes     | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
+//! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `full`        | no      | all of the above |

@@ -53,6 +53,8 @@ impl IdempotencyLayer {
     /// | lease | 10 s, renewed every 1/3 lease while the handler runs |
     /// | retention | 24 h |
     /// | store failure | fail closed: `503`, `Retry-After: 1` |
+    /// | client gone mid-handler | the handler finishes, its response is stored ([`cancel_on_disconnect`](Self::cancel_on_disconnect)) |
+    /// | stored responses | all but 5xx, 400, 408, 415, 422, 425, 429 ([`store_when`](Self::store_when)) |
     pub fn new() -> Self {
         Self::with_store(MemoryStore::new())
     }

@@ -38,7 +38,10 @@
 //!    string ([`key`]). Missing: pass through, or `400` with
 //!    [`require_key`](IdempotencyLayer::require_key). Malformed or repeated: `400`.
 //! 2. **Scope.** The record's identity is SHA-256 of ([scope], method, path, key), so tenants
-//!    never share keys.
+//!    never share keys. The path is the one the client addressed: behind axum's
+//!    `Router::nest` the layer reads axum's `OriginalUri` (feature `axum`), so nested routers
+//!    never share records. The same key on another method or path is another record (keys
+//!    are scoped per endpoint, as in the IETF draft and at Stripe).
 //! 3. **Body.** Buffered up to [`body_limit`](IdempotencyLayer::body_limit) (`Content-Length` is
 //!    checked first): over it, `413` and the handler never runs. The [fingerprint] is SHA-256 of
 //!    method, path and query, and body.
@@ -51,12 +54,15 @@
 //!
 //! | situation                                        | answer                                          | handler runs |
 //! |--------------------------------------------------|-------------------------------------------------|--------------|
-//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx)  | yes, once    |
+//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx but 400, 415, 422) | yes, once |
 //! | same key, same request, completed                | stored status, headers, body, trailers + `Idempotent-Replayed: true` | no |
 //! | same key, same request, still running            | `409` + `Retry-After` (lease left, at most 1 s) | no           |
-//! | same key, different method/path/query/body       | `422`                                           | no           |
-//! | handler answered 5xx, 408, 425 or 429, failed, or the client went away mid-run | the handler's answer; key released | next retry runs it |
-//! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; duplicates `409` | no |
+//! | same key, same method and path, different query or body | `422`                                    | no           |
+//! | same key, different method or path               | a separate record                               | yes, once    |
+//! | handler answered 5xx, 408, 425 or 429, or failed | the handler's answer; key released              | next retry runs it |
+//! | handler answered 400, 415 or 422 (validation)    | the handler's answer; key released              | the fixed resend runs it |
+//! | the client went away mid-run                     | the handler finishes on its own task; response stored ([`cancel_on_disconnect`](IdempotencyLayer::cancel_on_disconnect) to drop it instead) | no: the retry is replayed |
+//! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; not replayable once it ended (released if it failed) | no |
 //! | request body over the limit                      | `413`                                           | no           |
 //! | missing key with `require_key`, malformed key    | `400`                                           | no           |
 //! | store unreachable, slow or full                  | `503` + `Retry-After` (or run unclaimed with [`fail_open`](IdempotencyLayer::fail_open)) | no |
@@ -97,10 +103,11 @@
 //! # Differences from other idempotency middleware
 //!
 //! - The key is scoped and fingerprinted like Stripe's and the IETF draft's: reuse with another
-//!   request is `422`, never a silent replay of the wrong response.
+//!   body or query on the same endpoint is `422`, never a silent replay of the wrong response.
 //! - Claims are leased and fenced by token, so a crashed replica cannot hold a key forever nor
 //!   overwrite a newer claim.
-//! - 5xx and dropped requests release the key instead of caching a failure.
+//! - 5xx and validation rejections release the key instead of caching a failure; a client
+//!   that goes away does not make the effect run twice.
 //!
 //! # Feature flags
 //!
@@ -109,6 +116,7 @@
 //! | `redis`       | `store::redis`: `RedisStore` for Redis, Redis Cluster and Valkey |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
 //! | `metrics`     | `tower_once_idempotency_requests_total{outcome}`, one per covered request, through the `metrics` facade |
+//! | `axum`        | identify records by axum's `OriginalUri` (the path before `Router::nest` stripped its prefix) |
 //!
 //! # Minimum supported Rust version
 //!

@@ -1162,19 +1162,16 @@ async fn dropping_the_request_while_its_claim_is_in_flight_frees_the_key() {
     assert_eq!(handler.runs(), 1);
 }
 
-/// A handler whose response streams `chunks` of 1 KiB and then fails, or ends cleanly.
+type Frames =
+    futures_util::stream::Iter<std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>>;
+
+/// A handler whose response streams 4 KiB and then fails, or ends cleanly.
 fn streaming_handler(
     runs: Arc<AtomicUsize>,
     fail: bool,
 ) -> impl Service<
     Req,
-    Response = Response<
-        StreamBody<
-            futures_util::stream::Iter<
-                std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>,
-            >,
-        >,
-    >,
+    Response = Response<StreamBody<Frames>>,
     Error = &'static str,
     Future = impl Send,
 > + Clone
