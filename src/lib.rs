@@ -102,6 +102,7 @@
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
+//! | `tonic`       | no      | `retry::tonic`: adapters for tonic clients (a `Channel` below, `tonic::Status` errors above) |
 //! | `full`        | no      | all of the above |
 //!
 //! # Metrics
@@ -126,7 +127,7 @@
 
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "idempotency")]
 #[doc(inline)]

@@ -18,7 +18,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Status};
 use tower::{Service, ServiceBuilder};
 use tower_once::idempotency::IdempotencyLayer;
-use tower_once::retry::{classify::HttpClassifier, http::ReplayBody, RetryLayer};
+use tower_once::retry::tonic::{GrpcStatus, GrpcStatusLayer, TonicBody, TonicBodyLayer};
+use tower_once::retry::{classify::HttpClassifier, RetryLayer};
 use tower_once::timeout::http::HttpTimeoutLayer;
 
 /// Messages are their bytes.
@@ -139,20 +140,12 @@ async fn server(charges: Charges) -> String {
     format!("http://{addr}")
 }
 
-/// A Channel takes tonic's own body type.
-fn to_tonic_body(req: http::Request<ReplayBody<Body>>) -> http::Request<Body> {
-    req.map(Body::new)
-}
-
-type ToTonic = fn(http::Request<ReplayBody<Body>>) -> http::Request<Body>;
-
-type Wire = tower::util::MapRequest<tonic::transport::Channel, ToTonic>;
+/// A Channel takes tonic's own body type: the crate's adapter converts.
+type Wire = TonicBody<tonic::transport::Channel>;
 
 /// The client stack over `L`'s service (below the per-attempt timeout).
-type ClientWith<S> = tower_once::retry::http::HttpRetry<
-    tower_once::timeout::http::HttpTimeout<S>,
-    HttpClassifier,
-    (),
+type ClientWith<S> = GrpcStatus<
+    tower_once::retry::http::HttpRetry<tower_once::timeout::http::HttpTimeout<S>, HttpClassifier>,
 >;
 
 type Client = ClientWith<Wire>;
@@ -161,23 +154,34 @@ type Client = ClientWith<Wire>;
 /// that sends `grpc-timeout`, over `extra` (for instance `GrpcTrailersLayer`), over a tonic
 /// `Channel`.
 async fn client_with<L: tower::Layer<Wire>>(url: String, extra: L) -> ClientWith<L::Service> {
+    timed_client(url, extra, Duration::from_secs(5), Duration::from_secs(2)).await
+}
+
+/// The same stack with a chosen deadline (over all attempts) and per-attempt timeout.
+async fn timed_client<L: tower::Layer<Wire>>(
+    url: String,
+    extra: L,
+    deadline: Duration,
+    per_attempt: Duration,
+) -> ClientWith<L::Service> {
     let channel = tonic::transport::Channel::from_shared(url)
         .unwrap()
         .connect()
         .await
         .unwrap();
     ServiceBuilder::new()
+        .layer(GrpcStatusLayer::new())
         .layer(
             RetryLayer::new()
                 .classify(HttpClassifier)
-                .deadline(Duration::from_secs(5))
+                .deadline(deadline)
                 .rng_seed(1)
                 .into_http()
                 .stamp_idempotency_keys(true),
         )
-        .layer(HttpTimeoutLayer::new(Duration::from_secs(2)).propagate_grpc_timeout())
+        .layer(HttpTimeoutLayer::new(per_attempt).propagate_grpc_timeout())
         .layer(extra)
-        .map_request(to_tonic_body as ToTonic)
+        .layer(TonicBodyLayer::new())
         .service(channel)
 }
 
@@ -325,4 +329,21 @@ async fn unavailable_in_trailers_is_retried_with_the_trailers_layer() {
         "the second call (counted in call) answered"
     );
     assert_eq!(charges.runs.load(SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_call_cut_by_the_timeout_reaches_the_caller_as_deadline_exceeded() {
+    let charges = Charges::default();
+    let url = server(charges.clone()).await;
+    let identity = tower::layer::util::Identity::new();
+    // Every attempt is cut at 100 ms (the handler takes 300 ms); the operation at 250 ms.
+    let client = timed_client(
+        url,
+        identity,
+        Duration::from_millis(250),
+        Duration::from_millis(100),
+    )
+    .await;
+    let err = create(&client, b"slow", Some("order-9")).await.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
 }

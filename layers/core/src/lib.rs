@@ -5,6 +5,8 @@
 //! (`tower_once_idempotency::{RequestBody, ResponseBody}`, `tower_once_retry::http::ReplayBody`);
 //! this crate has no API stability of its own beyond theirs.
 
+// Feature-gated items show their feature on docs.rs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
