@@ -102,6 +102,7 @@
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
+//! | `reqwest`     | no      | `retry::reqwest`: a `reqwest::Client` as a tower service; `send_with` for requests built the reqwest way |
 //! | `tonic`       | no      | `retry::tonic`: adapters for tonic clients (a `Channel` below, `tonic::Status` errors above) |
 //! | `full`        | no      | all of the above |
 //!

@@ -93,6 +93,8 @@ pub mod grpc;
 pub mod hook;
 pub mod http;
 mod layer;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 mod service;
 #[cfg(feature = "tonic")]
 pub mod tonic;
