@@ -163,6 +163,18 @@ where
     }
 }
 
+/// How [`Collector::poll_collect`] ended.
+#[derive(Debug)]
+pub enum Collected<E> {
+    /// The body ended: everything is in the collector, trailers included.
+    Complete,
+    /// The next chunk would pass the limit: here it is, not added. The rest of the body is
+    /// still unread.
+    Over(Bytes),
+    /// The body failed; what came before is in the collector.
+    Failed(E),
+}
+
 /// Accumulates body chunks up to a limit, without copying a body that arrives in one chunk.
 ///
 /// ```
@@ -217,6 +229,39 @@ impl Collector {
             (_, Some(buf)) => buf.freeze(),
             (Some(first), None) => first,
             (None, None) => Bytes::new(),
+        }
+    }
+
+    /// Reads `body` into this collector until it ends, fails, or its next chunk would pass
+    /// `limit`. Trailers are merged into `trailers`. The one loop every layer that buffers a
+    /// body uses; each decides what the three endings mean for it.
+    pub fn poll_collect<B>(
+        &mut self,
+        mut body: Pin<&mut B>,
+        limit: usize,
+        trailers: &mut Option<HeaderMap>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Collected<B::Error>>
+    where
+        B: Body<Data = Bytes>,
+    {
+        loop {
+            let Some(frame) = std::task::ready!(body.as_mut().poll_frame(cx)) else {
+                return Poll::Ready(Collected::Complete);
+            };
+            match frame.map(Frame::into_data) {
+                Err(error) => return Poll::Ready(Collected::Failed(error)),
+                Ok(Ok(data)) => {
+                    if let Err(data) = self.push(data, limit) {
+                        return Poll::Ready(Collected::Over(data));
+                    }
+                }
+                Ok(Err(frame)) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    }
+                }
+            }
         }
     }
 

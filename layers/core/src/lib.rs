@@ -16,21 +16,6 @@ pub mod body;
 /// server layer and stamped by the client layer.
 pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
-/// Recognising gRPC traffic.
-pub mod grpc {
-    use http::HeaderMap;
-
-    /// Whether a request or response speaks gRPC (`content-type: application/grpc`, with or
-    /// without a `+proto`-style suffix).
-    ///
-    /// ```
-    /// let mut headers = http::HeaderMap::new();
-    /// headers.insert("content-type", "application/grpc+proto".parse().unwrap());
-    /// assert!(tower_once_core::grpc::is_grpc(&headers));
-    /// ```
-    pub fn is_grpc(headers: &HeaderMap) -> bool {
-        headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-    }
-}
+/// The gRPC vocabulary every layer uses: recognising gRPC traffic, status codes, reading
+/// `grpc-status` from headers or trailers, and building a trailers-only answer.
+pub mod grpc;

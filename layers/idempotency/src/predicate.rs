@@ -31,6 +31,7 @@
 
 use http::response::Parts;
 use http::{HeaderMap, StatusCode};
+use tower_once_core::grpc::Code;
 
 /// Decides whether a response is stored (`true`) or its key released (`false`).
 ///
@@ -92,13 +93,23 @@ impl StorePredicate for DefaultPredicate {
     }
 
     fn should_store_trailers(&self, trailers: &HeaderMap) -> bool {
-        match trailers.get("grpc-status") {
-            None => true,
-            Some(code) => matches!(
-                code.as_bytes(),
-                b"0" | b"3" | b"5" | b"6" | b"7" | b"9" | b"11" | b"12" | b"16"
-            ),
+        if !Code::is_present(trailers) {
+            return true;
         }
+        matches!(
+            Code::of(trailers),
+            Some(
+                Code::Ok
+                    | Code::InvalidArgument
+                    | Code::NotFound
+                    | Code::AlreadyExists
+                    | Code::PermissionDenied
+                    | Code::FailedPrecondition
+                    | Code::OutOfRange
+                    | Code::Unimplemented
+                    | Code::Unauthenticated
+            )
+        )
     }
 }
 

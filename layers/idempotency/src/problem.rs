@@ -26,6 +26,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use std::time::Duration;
+/// gRPC status codes, as the layer answers gRPC clients with them.
+pub use tower_once_core::grpc::Code;
 
 /// One case of layer-generated error response.
 ///
@@ -134,18 +136,18 @@ impl ProblemKind {
     /// The gRPC status code this case answers gRPC clients with.
     ///
     /// ```
-    /// use tower_once_idempotency::problem::ProblemKind;
+    /// use tower_once_idempotency::problem::{Code, ProblemKind};
     ///
-    /// assert_eq!(ProblemKind::InProgress.grpc_code(), 14); // UNAVAILABLE, with a pushback
-    /// assert_eq!(ProblemKind::FingerprintMismatch.grpc_code(), 9); // FAILED_PRECONDITION
+    /// assert_eq!(ProblemKind::InProgress.grpc_code(), Code::Unavailable); // with a pushback
+    /// assert_eq!(ProblemKind::FingerprintMismatch.grpc_code(), Code::FailedPrecondition);
     /// ```
-    pub const fn grpc_code(self) -> u8 {
+    pub const fn grpc_code(self) -> Code {
         match self {
-            Self::MissingKey | Self::InvalidKey | Self::RequestBodyError => 3,
-            Self::BodyTooLarge => 8,
-            Self::NotReplayable | Self::FingerprintMismatch => 9,
-            Self::ResponseBodyError => 13,
-            Self::InProgress | Self::StoreUnavailable => 14,
+            Self::MissingKey | Self::InvalidKey | Self::RequestBodyError => Code::InvalidArgument,
+            Self::BodyTooLarge => Code::ResourceExhausted,
+            Self::NotReplayable | Self::FingerprintMismatch => Code::FailedPrecondition,
+            Self::ResponseBodyError => Code::Internal,
+            Self::InProgress | Self::StoreUnavailable => Code::Unavailable,
         }
     }
 
@@ -163,15 +165,12 @@ impl ProblemKind {
     /// assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1500");
     /// ```
     pub fn grpc_response(self, retry_after: Option<Duration>) -> Response<Bytes> {
-        let mut response = Response::new(Bytes::new());
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert(
-            "grpc-status",
-            HeaderValue::from(u16::from(self.grpc_code())),
-        );
         // Titles are printable ASCII without '%': valid percent-encoded grpc-messages as they are.
-        headers.insert("grpc-message", HeaderValue::from_static(self.title()));
+        let mut response = self
+            .grpc_code()
+            .trailers_only(self.title())
+            .map(|()| Bytes::new());
+        let headers = response.headers_mut();
         if let Some(after) = retry_after {
             let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
             headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));

@@ -35,6 +35,7 @@
 
 use http::{HeaderMap, Response, StatusCode};
 use std::time::{Duration, SystemTime};
+use tower_once_core::grpc::Code;
 
 /// What to do with an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,14 +135,15 @@ impl<B, E> Classify<Response<B>, E> for HttpClassifier {
             .extensions()
             .get::<crate::grpc::GrpcTrailers>()
             .map(|t| &t.0);
-        let grpc = match headers.get("grpc-status") {
-            Some(code) => Some((code, headers)),
-            None => trailers.and_then(|t| Some((t.get("grpc-status")?, t))),
+        let carrier = match trailers {
+            _ if Code::is_present(headers) => Some(headers),
+            Some(trailers) if Code::is_present(trailers) => Some(trailers),
+            _ => None,
         };
-        if let Some((code, carrier)) = grpc {
-            return match code.as_bytes() {
-                b"0" => Action::Success,
-                b"14" | b"8" => grpc_pushback(carrier),
+        if let Some(carrier) = carrier {
+            return match Code::of(carrier) {
+                Some(Code::Ok) => Action::Success,
+                Some(Code::Unavailable | Code::ResourceExhausted) => grpc_pushback(carrier),
                 _ => Action::Stop,
             };
         }

@@ -31,7 +31,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tower_layer::Layer;
-use tower_once_core::body::{BufferedBody, Collector};
+use tower_once_core::body::{BufferedBody, Collected, Collector};
 use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 
@@ -147,41 +147,28 @@ where
                     let Some(stream) = body.as_mut() else {
                         panic!("GrpcTrailersFuture polled after completion");
                     };
-                    let frame = ready!(stream.as_mut().poll_frame(cx));
+                    let mut trailers = None;
+                    let outcome = ready!(collected.poll_collect(
+                        stream.as_mut(),
+                        *this.limit,
+                        &mut trailers,
+                        cx
+                    ));
                     let (Some(mut parts), Some(rest)) = (parts.take(), body.take()) else {
                         panic!("GrpcTrailersFuture polled after completion");
                     };
                     let collected = std::mem::take(collected);
-                    let body = match frame {
-                        Some(Ok(frame)) => match frame.into_data() {
-                            Ok(data) => {
-                                // Put everything back and keep reading, unless over the limit.
-                                let mut collected = collected;
-                                match collected.push(data, *this.limit) {
-                                    Ok(()) => {
-                                        this.state.set(State::Reading {
-                                            parts: Some(parts),
-                                            body: Some(rest),
-                                            collected,
-                                        });
-                                        continue;
-                                    }
-                                    Err(data) => {
-                                        BufferedBody::prefixed(collected.finish_with(data), rest)
-                                    }
-                                }
+                    let body = match outcome {
+                        Collected::Complete => {
+                            if let Some(trailers) = &trailers {
+                                parts.extensions.insert(GrpcTrailers(trailers.clone()));
                             }
-                            Err(frame) => {
-                                let trailers = frame.into_trailers().ok();
-                                if let Some(trailers) = &trailers {
-                                    parts.extensions.insert(GrpcTrailers(trailers.clone()));
-                                }
-                                // NOTE: gRPC sends trailers last; anything after is ignored.
-                                BufferedBody::full_with_trailers(collected.finish(), trailers)
-                            }
-                        },
-                        Some(Err(error)) => BufferedBody::failed(collected.finish(), error),
-                        None => BufferedBody::full(collected.finish()),
+                            BufferedBody::full_with_trailers(collected.finish(), trailers)
+                        }
+                        Collected::Over(data) => {
+                            BufferedBody::prefixed(collected.finish_with(data), rest)
+                        }
+                        Collected::Failed(error) => BufferedBody::failed(collected.finish(), error),
                     };
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }

@@ -54,7 +54,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
 use tower_layer::Layer;
-use tower_once_core::body::{BufferedBody, Collector};
+use tower_once_core::body::{BufferedBody, Collected, Collector};
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
@@ -403,13 +403,6 @@ where
     }
 }
 
-/// How buffering a request body ended.
-enum Buffered<E> {
-    Complete,
-    Over(Bytes),
-    Failed(E),
-}
-
 struct Pending<S, C, H> {
     service: S,
     template: ReplayRequest,
@@ -509,17 +502,14 @@ where
                     else {
                         panic!("HttpResponseFuture polled after completion");
                     };
-                    let outcome = match ready!(stream.as_mut().poll_frame(cx)) {
-                        Some(Ok(frame)) => match frame.into_data() {
-                            Ok(data) => match collected.push(data, pending.limit) {
-                                Ok(()) => continue,
-                                Err(data) => Buffered::Over(data),
-                            },
-                            Err(_) => continue, // request trailers are not replayed
-                        },
-                        Some(Err(error)) => Buffered::Failed(error),
-                        None => Buffered::Complete,
-                    };
+                    // Request trailers are not replayed.
+                    let mut trailers = None;
+                    let outcome = ready!(collected.poll_collect(
+                        stream.as_mut(),
+                        pending.limit,
+                        &mut trailers,
+                        cx
+                    ));
                     let Some(Pending {
                         service,
                         template,
@@ -538,7 +528,7 @@ where
                         call_once(service, template.into_request(body), deadline)
                     };
                     match (outcome, body.take()) {
-                        (Buffered::Complete, _) => {
+                        (Collected::Complete, _) => {
                             let replay = ReplayRequest {
                                 body: collected.finish(),
                                 ..template
@@ -547,7 +537,7 @@ where
                                 core: start(Rebuild::new(service), replay, config, Some(deadline)),
                             });
                         }
-                        (Buffered::Over(data), Some(rest)) => {
+                        (Collected::Over(data), Some(rest)) => {
                             tracing::debug!("request body over the replay limit: one attempt");
                             let body = ReplayBody::prefixed(collected.finish_with(data), rest);
                             let future = once(body, service, template);
@@ -556,7 +546,7 @@ where
                                 cutoff: tokio::time::sleep_until(deadline.instant()),
                             });
                         }
-                        (Buffered::Failed(error), _) => {
+                        (Collected::Failed(error), _) => {
                             // NOTE: never pass a truncated body off as complete, nor replay it:
                             // the inner service sees the bytes read so far, then the error.
                             tracing::debug!("request body failed while buffering: one attempt");
@@ -567,7 +557,7 @@ where
                                 cutoff: tokio::time::sleep_until(deadline.instant()),
                             });
                         }
-                        (Buffered::Over(_), None) => {
+                        (Collected::Over(_), None) => {
                             panic!("HttpResponseFuture polled after completion")
                         }
                     }

@@ -26,7 +26,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
-use tower_once_core::body::{BufferedBody, Collector};
+use tower_once_core::body::{BufferedBody, Collected, Collector};
 use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 use tracing::Span;
@@ -405,24 +405,37 @@ where
         ResB: Body,
     {
         let settings = &self.config.settings;
-        loop {
+        if drained.is_none() {
+            // Request trailers are not part of the request's identity.
+            let mut trailers = None;
+            match ready!(collected.poll_collect(
+                body.as_mut(),
+                settings.body_limit,
+                &mut trailers,
+                cx
+            )) {
+                Collected::Complete => {}
+                Collected::Over(data) => {
+                    *collected = Collector::default();
+                    *drained = Some(data.len());
+                }
+                Collected::Failed(_) => {
+                    return Poll::Ready(self.reject(span, ProblemKind::RequestBodyError, false));
+                }
+            }
+        }
+        // Over the limit: read and drop the rest (bounded), so the client reads the 413.
+        while let Some(count) = drained {
             let Some(frame) = ready!(body.as_mut().poll_frame(cx)) else {
                 break;
             };
-            let Ok(frame) = frame else {
-                return Poll::Ready(self.reject(span, ProblemKind::RequestBodyError, false));
-            };
-            let Ok(data) = frame.into_data() else {
-                continue; // request trailers are not part of the request's identity
-            };
-            if let Some(drained) = drained {
-                *drained = drained.saturating_add(data.len());
-                if *drained > settings.drain_limit() {
-                    return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true));
-                }
-            } else if let Err(data) = collected.push(data, settings.body_limit) {
-                *collected = Collector::default();
-                *drained = Some(data.len());
+            match frame.map(|frame| frame.into_data()) {
+                Err(_) => return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true)),
+                Ok(Ok(data)) => *count = count.saturating_add(data.len()),
+                Ok(Err(_)) => {}
+            }
+            if *count > settings.drain_limit() {
+                return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true));
             }
         }
         if drained.is_some() {
@@ -561,32 +574,25 @@ where
         let Some(stream) = body.as_mut() else {
             panic!("{POLLED_AFTER_COMPLETION}")
         };
-        let overflow = loop {
-            match ready!(stream.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => match collected.push(data, settings.response_limit) {
-                        Ok(()) => {}
-                        Err(data) => break Some(data),
-                    },
-                    Err(frame) => {
-                        if let Ok(more) = frame.into_trailers() {
-                            trailers.get_or_insert_with(HeaderMap::new).extend(more);
-                        }
-                    }
-                },
-                Some(Err(_)) => {
-                    let response = problem(
-                        &settings.problems,
-                        self.grpc,
-                        ProblemKind::ResponseBodyError,
-                        None,
-                    );
-                    self.release(span, "response body failed");
-                    return Poll::Ready(State::Finish {
-                        result: Some(Ok(response)),
-                    });
-                }
-                None => break None,
+        let overflow = match ready!(collected.poll_collect(
+            stream.as_mut(),
+            settings.response_limit,
+            trailers,
+            cx
+        )) {
+            Collected::Complete => None,
+            Collected::Over(data) => Some(data),
+            Collected::Failed(_) => {
+                let response = problem(
+                    &settings.problems,
+                    self.grpc,
+                    ProblemKind::ResponseBodyError,
+                    None,
+                );
+                self.release(span, "response body failed");
+                return Poll::Ready(State::Finish {
+                    result: Some(Ok(response)),
+                });
             }
         };
         let (Some(parts), Some(rest)) = (parts.take(), body.take()) else {

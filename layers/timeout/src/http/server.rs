@@ -2,8 +2,7 @@ use super::body::TimeoutBody;
 use crate::deadline::{earliest, Deadline};
 use crate::grpc;
 use crate::timeout::Budget;
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
+use tower_once_core::grpc::Code;
 use tower_service::Service;
 
 /// The server-side timeout: a handler that runs past the limit is dropped and the client gets
@@ -141,18 +141,11 @@ where
 
 /// The answer on expiry; built before the call so no allocation happens under time pressure.
 fn expired_response(status: StatusCode, grpc: bool) -> Response<()> {
-    let mut response = Response::new(());
     if grpc {
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert("grpc-status", HeaderValue::from_static("4"));
-        headers.insert(
-            "grpc-message",
-            HeaderValue::from_static("Deadline%20Exceeded"),
-        );
-    } else {
-        *response.status_mut() = status;
+        return Code::DeadlineExceeded.trailers_only("Deadline%20Exceeded");
     }
+    let mut response = Response::new(());
+    *response.status_mut() = status;
     response
 }
 
