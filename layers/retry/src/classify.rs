@@ -133,7 +133,7 @@ impl<B, E> Classify<Response<B>, E> for HttpClassifier {
         let headers = response.headers();
         let trailers = response
             .extensions()
-            .get::<crate::grpc::GrpcTrailers>()
+            .get::<crate::grpc::Trailers>()
             .map(|t| &t.0);
         let carrier = match trailers {
             _ if Code::is_present(headers) => Some(headers),
@@ -271,8 +271,7 @@ mod tests {
         trailers.insert("grpc-status", "14".parse().unwrap());
         trailers.insert("grpc-retry-pushback-ms", "40".parse().unwrap());
         let mut res = Response::new(());
-        res.extensions_mut()
-            .insert(crate::grpc::GrpcTrailers(trailers));
+        res.extensions_mut().insert(crate::grpc::Trailers(trailers));
         let after = Some(Duration::from_millis(40));
         assert_eq!(
             HttpClassifier.classify(&Ok::<_, ()>(res)),

@@ -4,7 +4,7 @@
 //! headers, which [`HttpClassifier`](crate::classify::HttpClassifier) reads directly) or with
 //! headers first and the status in trailers after the body. A classifier only sees the response
 //! head, so for the second form place [`GrpcTrailersLayer`] below the retry layer: it reads such
-//! a response's body (up to a limit), hands the trailers up as the [`GrpcTrailers`] response
+//! a response's body (up to a limit), hands the trailers up as the [`Trailers`] response
 //! extension, and returns the same bytes and trailers. `HttpClassifier` consults it.
 //!
 //! ```
@@ -37,7 +37,7 @@ use tower_service::Service;
 
 /// The trailers of a gRPC response read by [`GrpcTrailersLayer`], as a response extension.
 #[derive(Debug, Clone)]
-pub struct GrpcTrailers(pub HeaderMap);
+pub struct Trailers(pub HeaderMap);
 
 /// Reads the trailers of gRPC responses so their status can be classified. See the
 /// [module docs](self).
@@ -54,10 +54,10 @@ impl GrpcTrailersLayer {
 }
 
 impl<S> Layer<S> for GrpcTrailersLayer {
-    type Service = GrpcTrailersService<S>;
+    type Service = GrpcTrailers<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        GrpcTrailersService {
+        GrpcTrailers {
             inner,
             limit: self.limit,
         }
@@ -66,26 +66,26 @@ impl<S> Layer<S> for GrpcTrailersLayer {
 
 /// Middleware built by [`GrpcTrailersLayer`].
 #[derive(Debug, Clone)]
-pub struct GrpcTrailersService<S> {
+pub struct GrpcTrailers<S> {
     inner: S,
     limit: usize,
 }
 
-impl<S, B, ResB> Service<Request<B>> for GrpcTrailersService<S>
+impl<S, B, ResB> Service<Request<B>> for GrpcTrailers<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
 {
     type Response = Response<BufferedBody<ResB>>;
     type Error = S::Error;
-    type Future = GrpcTrailersFuture<S::Future, ResB>;
+    type Future = ResponseFuture<S::Future, ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        GrpcTrailersFuture {
+        ResponseFuture {
             state: State::Waiting {
                 future: self.inner.call(req),
             },
@@ -95,8 +95,8 @@ where
 }
 
 pin_project! {
-    /// Response future of [`GrpcTrailersService`].
-    pub struct GrpcTrailersFuture<F, B: Body> {
+    /// Response future of [`GrpcTrailers`].
+    pub struct ResponseFuture<F, B: Body> {
         #[pin]
         state: State<F, B>,
         limit: usize,
@@ -115,7 +115,7 @@ pin_project! {
     }
 }
 
-impl<F, B, E> Future for GrpcTrailersFuture<F, B>
+impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body<Data = Bytes>,
@@ -145,7 +145,7 @@ where
                     collected,
                 } => {
                     let Some(stream) = body.as_mut() else {
-                        panic!("GrpcTrailersFuture polled after completion");
+                        panic!("ResponseFuture polled after completion");
                     };
                     let mut trailers = None;
                     let outcome = ready!(collected.poll_collect(
@@ -155,13 +155,13 @@ where
                         cx
                     ));
                     let (Some(mut parts), Some(rest)) = (parts.take(), body.take()) else {
-                        panic!("GrpcTrailersFuture polled after completion");
+                        panic!("ResponseFuture polled after completion");
                     };
                     let collected = std::mem::take(collected);
                     let body = match outcome {
                         Collected::Complete => {
                             if let Some(trailers) = &trailers {
-                                parts.extensions.insert(GrpcTrailers(trailers.clone()));
+                                parts.extensions.insert(Trailers(trailers.clone()));
                             }
                             BufferedBody::full_with_trailers(collected.finish(), trailers)
                         }

@@ -53,13 +53,13 @@
 //! idempotent at its own store (a unique constraint on the key, or fencing its write with the
 //! [`ClaimToken`]).
 
-use super::{
-    ClaimOutcome, ClaimToken, Completion, ExistingRecord, IdempotencyStore, RecordState,
-    StoreError, StoreKey, StoredResponse,
-};
+mod codec;
+mod scripts;
+
+use self::codec::{decode_claim, decode_flag, encode_headers};
+pub use self::scripts::{CLAIM_SCRIPT, COMPLETE_SCRIPT, EXTEND_SCRIPT, RELEASE_SCRIPT};
+use super::{ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreKey};
 use crate::fingerprint::Fingerprint;
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 use std::fmt;
@@ -107,67 +107,6 @@ impl<C> fmt::Debug for RedisStore<C> {
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tower-once:idem:";
-
-/// The claim script. `KEYS[1]` the record; `ARGV` token, fingerprint, lease in ms. Claims a
-/// free key, or returns the record that holds it.
-pub const CLAIM_SCRIPT: &str = r"
-local ms = tonumber(ARGV[3])
-if not ms or ms < 1 or ms > 3153600000000 then return redis.error_reply('bad lease') end
-local r = redis.call('HMGET', KEYS[1], 's', 'f')
-if not r[1] then
-  redis.call('HSET', KEYS[1], 's', 'p', 't', ARGV[1], 'f', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {'claimed'}
-end
-if r[1] == 'p' then
-  return {'p', r[2], redis.call('PTTL', KEYS[1])}
-end
-if r[1] == 'c' then
-  local c = redis.call('HMGET', KEYS[1], 'st', 'h', 'b', 'tr')
-  return {'c', r[2], c[1], c[2], c[3], c[4]}
-end
-return {'n', r[2]}
-";
-
-/// The complete script. `KEYS[1]` the record; `ARGV` token, retention in ms, kind (`c` or
-/// `n`), status, headers, body, trailers (empty when none). Fenced by the token.
-pub const COMPLETE_SCRIPT: &str = r"
-local ms = tonumber(ARGV[2])
-if not ms or ms < 1 or ms > 3153600000000 then return redis.error_reply('bad retention') end
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
-if ARGV[3] == 'c' then
-  redis.call('HSET', KEYS[1], 's', 'c', 'st', ARGV[4], 'h', ARGV[5], 'b', ARGV[6])
-  if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'tr', ARGV[7]) end
-else
-  redis.call('HSET', KEYS[1], 's', 'n')
-end
-redis.call('HDEL', KEYS[1], 't')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-";
-
-/// The release script. `KEYS[1]` the record; `ARGV` token. Fenced by the token.
-pub const RELEASE_SCRIPT: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[1] == 'p' and r[2] == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-";
-
-/// The extend script. `KEYS[1]` the record; `ARGV` token, lease in ms. Fenced by the token.
-pub const EXTEND_SCRIPT: &str = r"
-local ms = tonumber(ARGV[2])
-if not ms or ms < 1 or ms > 3153600000000 then return redis.error_reply('bad lease') end
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[1] == 'p' and r[2] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-";
 
 impl RedisStore<ConnectionManager> {
     /// Connects to one Redis (or Valkey) server, e.g. `redis://127.0.0.1:6379/0`.
@@ -389,140 +328,4 @@ where
 fn millis(duration: Duration) -> u64 {
     let capped = duration.min(crate::config::MAX_DURATION);
     u64::try_from(capped.as_millis()).unwrap_or(1).max(1)
-}
-
-fn encode_headers(headers: &HeaderMap) -> Result<Vec<u8>, StoreError> {
-    let pairs: Vec<(&str, &[u8])> = headers
-        .iter()
-        .map(|(name, value)| (name.as_str(), value.as_bytes()))
-        .collect();
-    postcard::to_allocvec(&pairs).map_err(StoreError::corrupt)
-}
-
-fn decode_headers(bytes: &[u8]) -> Result<HeaderMap, StoreError> {
-    let pairs: Vec<(&str, &[u8])> = postcard::from_bytes(bytes).map_err(StoreError::corrupt)?;
-    let mut headers = HeaderMap::with_capacity(pairs.len());
-    for (name, value) in pairs {
-        headers.append(
-            HeaderName::from_bytes(name.as_bytes()).map_err(StoreError::corrupt)?,
-            HeaderValue::from_bytes(value).map_err(StoreError::corrupt)?,
-        );
-    }
-    Ok(headers)
-}
-
-fn corrupt(what: &str) -> StoreError {
-    StoreError::corrupt(format!("unexpected reply from the claim script: {what}"))
-}
-
-fn bulk(value: Option<Value>) -> Option<Vec<u8>> {
-    match value? {
-        Value::BulkString(bytes) => Some(bytes),
-        Value::SimpleString(s) => Some(s.into_bytes()),
-        _ => None,
-    }
-}
-
-fn decode_flag(value: Value) -> Result<bool, StoreError> {
-    match value {
-        Value::Int(flag) => Ok(flag == 1),
-        _ => Err(StoreError::corrupt(
-            "expected an integer reply from a store script",
-        )),
-    }
-}
-
-fn decode_claim(value: Value) -> Result<ClaimOutcome, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(corrupt("not an array"));
-    };
-    let mut items = items.into_iter();
-    let state = bulk(items.next()).ok_or_else(|| corrupt("no state"))?;
-    if state == b"claimed" {
-        return Ok(ClaimOutcome::Claimed);
-    }
-    let fingerprint = bulk(items.next())
-        .and_then(|f| <[u8; 32]>::try_from(f.as_slice()).ok())
-        .map(Fingerprint::from_bytes)
-        .ok_or_else(|| corrupt("bad fingerprint"))?;
-    let state = match state.as_slice() {
-        b"p" => {
-            let remaining = match items.next() {
-                Some(Value::Int(ms)) => Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
-                _ => return Err(corrupt("bad lease")),
-            };
-            RecordState::InProgress {
-                lease_remaining: remaining,
-            }
-        }
-        b"c" => {
-            let status = bulk(items.next())
-                .and_then(|s| StatusCode::from_bytes(&s).ok())
-                .ok_or_else(|| corrupt("bad status"))?;
-            let headers =
-                decode_headers(&bulk(items.next()).ok_or_else(|| corrupt("no headers"))?)?;
-            let body = Bytes::from(bulk(items.next()).ok_or_else(|| corrupt("no body"))?);
-            let trailers = match bulk(items.next()) {
-                Some(bytes) => Some(decode_headers(&bytes)?),
-                None => None,
-            };
-            RecordState::Completed(StoredResponse {
-                status,
-                headers,
-                body,
-                trailers,
-            })
-        }
-        b"n" => RecordState::NotReplayable,
-        _ => return Err(corrupt("unknown state")),
-    };
-    Ok(ClaimOutcome::Existing(ExistingRecord {
-        fingerprint,
-        state,
-    }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_with_repeats_and_binary_values() {
-        let mut headers = HeaderMap::new();
-        headers.append("set-cookie", HeaderValue::from_static("a=1"));
-        headers.append("set-cookie", HeaderValue::from_static("b=2"));
-        headers.insert(
-            "x-bin",
-            HeaderValue::from_bytes(&[0x80, 0xfe, b'z']).unwrap(),
-        );
-        let decoded = decode_headers(&encode_headers(&headers).unwrap()).unwrap();
-        assert_eq!(decoded, headers);
-        assert_eq!(
-            decode_headers(&encode_headers(&HeaderMap::new()).unwrap())
-                .unwrap()
-                .len(),
-            0
-        );
-    }
-
-    #[test]
-    fn malformed_replies_are_corrupt_errors_not_panics() {
-        for value in [
-            Value::Nil,
-            Value::Array(vec![]),
-            Value::Array(vec![Value::BulkString(b"c".to_vec())]),
-            Value::Array(vec![
-                Value::BulkString(b"p".to_vec()),
-                Value::BulkString(vec![1; 32]),
-            ]),
-            Value::Array(vec![
-                Value::BulkString(b"x".to_vec()),
-                Value::BulkString(vec![1; 32]),
-            ]),
-        ] {
-            assert!(decode_claim(value).unwrap_err().is_corrupt());
-        }
-        assert!(decode_headers(b"\xff\xff\xff").unwrap_err().is_corrupt());
-        assert_eq!(millis(Duration::ZERO), 1);
-    }
 }

@@ -1,0 +1,207 @@
+//! The life of one covered request: read the body, claim, run, read the response, finish.
+
+use super::claim::PendingClaim;
+use super::detach::MustFinish;
+use super::steps::Ctx;
+use super::POLLED_AFTER_COMPLETION;
+use crate::body::{RequestBody, ResponseBody};
+use crate::config::Config;
+use crate::fingerprint::{Fingerprint, Fingerprinter};
+use crate::predicate::StorePredicate;
+use crate::store::{ClaimToken, IdempotencyStore, StoreKey};
+use bytes::Bytes;
+use http::header::CONTENT_LENGTH;
+use http::{request, response, HeaderMap, Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+use tower_once_core::body::Collector;
+use tower_once_core::grpc::is_grpc;
+use tower_service::Service;
+use tracing::Span;
+
+pin_project! {
+    /// The life of one covered request. `poll` only dispatches; each state has one method.
+    pub(super) struct CoveredFuture<S, ReqB, ResB, St, F, P>
+    where
+        ReqB: Body,
+        ResB: Body,
+        S: Service<Request<RequestBody<ReqB>>>,
+        St: IdempotencyStore,
+    {
+        #[pin]
+        state: State<S::Future, ReqB, ResB, St, S::Error>,
+        // Fires every third of the lease while the handler runs, to renew the claim.
+        #[pin]
+        renew: Option<Sleep>,
+        ctx: Ctx<S, St, F, P>,
+        span: Span,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    pub(super) enum State<Fut, ReqB, ResB: Body, St: IdempotencyStore, E> {
+        // `drained` is set once the body is known to be over the limit: the rest is read and
+        // dropped (up to a bound) before the 413.
+        ReadRequest {
+            #[pin] body: ReqB,
+            parts: Option<request::Parts>,
+            collected: Collector,
+            drained: Option<usize>,
+        },
+        Claim {
+            claim: PendingClaim<St>,
+            request: Option<Request<Bytes>>,
+        },
+        // Fail-open only: the store failed and the handler runs without a claim.
+        Unclaimed { #[pin] future: Fut },
+        Run { #[pin] future: Fut },
+        // Boxed: if the response is too large to store, this body goes to the client as it is.
+        ReadResponse {
+            body: Option<Pin<Box<ResB>>>,
+            parts: Option<response::Parts>,
+            collected: Collector,
+            trailers: Option<HeaderMap>,
+        },
+        Finish { result: Option<Result<Response<ResponseBody<ResB>>, E>> },
+        Done,
+    }
+}
+
+impl<S, ReqB, ResB, St, F, P> MustFinish for CoveredFuture<S, ReqB, ResB, St, F, P>
+where
+    S: Service<Request<RequestBody<ReqB>>>,
+    ReqB: Body,
+    ResB: Body,
+    St: IdempotencyStore,
+{
+    fn must_finish(&self) -> bool {
+        matches!(self.state, State::Run { .. } | State::ReadResponse { .. })
+    }
+}
+
+impl<S, ReqB, ResB, St, F, P> Future for CoveredFuture<S, ReqB, ResB, St, F, P>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    ReqB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes>,
+    St: IdempotencyStore,
+    F: Fingerprinter,
+    P: StorePredicate,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let span: &Span = this.span;
+        let _entered = span.enter();
+        let ctx = this.ctx;
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::ReadRequest {
+                    body,
+                    parts,
+                    collected,
+                    drained,
+                } => ready!(ctx.poll_request(span, body, parts, collected, drained, cx)),
+                StateProj::Claim { claim, request } => {
+                    let outcome = ready!(claim.poll(cx));
+                    ctx.claimed(span, outcome, request, this.renew.as_mut())
+                }
+                StateProj::Unclaimed { future } => {
+                    let response = ready!(future.poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(response.map(|r| r.map(ResponseBody::streaming)));
+                }
+                StateProj::Run { future } => {
+                    ctx.poll_renew(this.renew.as_mut(), cx);
+                    let result = ready!(future.poll(cx));
+                    ctx.ran(span, result)
+                }
+                StateProj::ReadResponse {
+                    body,
+                    parts,
+                    collected,
+                    trailers,
+                } => {
+                    ctx.poll_renew(this.renew.as_mut(), cx);
+                    ready!(ctx.poll_response(span, body, parts, collected, trailers, cx))
+                }
+                StateProj::Finish { result } => {
+                    if let Some(claim) = ctx.claim.as_mut() {
+                        ready!(claim.poll_finish(cx));
+                    }
+                    ctx.claim = None;
+                    this.renew.set(None);
+                    let result = result.take();
+                    this.state.set(State::Done);
+                    return Poll::Ready(
+                        result.unwrap_or_else(|| panic!("{POLLED_AFTER_COMPLETION}")),
+                    );
+                }
+                StateProj::Done => panic!("{POLLED_AFTER_COMPLETION}"),
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+impl<S, ReqB, ResB, St, F, P> CoveredFuture<S, ReqB, ResB, St, F, P>
+where
+    S: Service<Request<RequestBody<ReqB>>>,
+    ReqB: Body,
+    ResB: Body,
+    St: IdempotencyStore,
+{
+    pub(super) fn new(
+        service: S,
+        store: St,
+        config: Arc<Config<F, P>>,
+        key: StoreKey,
+        parts: request::Parts,
+        body: ReqB,
+    ) -> Self {
+        let span = tracing::info_span!(
+            "idempotency",
+            method = %parts.method,
+            path = parts.uri.path(),
+            store_key = %key,
+            outcome = tracing::field::Empty,
+        );
+        // `Content-Length` over the limit: read (and drop) what the client is sending anyway,
+        // then answer 413, so that the client reads the answer.
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let limit = config.settings.body_limit as u64;
+        let over = declared > limit || body.size_hint().lower() > limit;
+        let grpc = is_grpc(&parts.headers);
+        Self {
+            state: State::ReadRequest {
+                body,
+                parts: Some(parts),
+                collected: Collector::default(),
+                drained: over.then_some(0),
+            },
+            renew: None,
+            ctx: Ctx {
+                grpc,
+                service,
+                store,
+                config,
+                key,
+                token: ClaimToken::new(),
+                fingerprint: Fingerprint::from_bytes([0; 32]),
+                claim: None,
+            },
+            span,
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! One method per state of a covered request: what the states share, and what each does.
+
+use super::claim::{self, ClaimGuard, PendingClaim, StreamingClaim};
+use super::covered::State;
+use super::replay::{self, problem};
+use super::POLLED_AFTER_COMPLETION;
+use crate::body::{RequestBody, ResponseBody};
+use crate::config::Config;
+use crate::fingerprint::{Fingerprint, Fingerprinter};
+use crate::outcome::Outcome;
+use crate::predicate::StorePredicate;
+use crate::problem::ProblemKind;
+use crate::store::{
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreKey, StoredResponse,
+};
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{request, response, HeaderMap, Request, Response};
+use http_body::Body;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+use tower_once_core::body::{BufferedBody, Collected, Collector};
+use tower_service::Service;
+use tracing::Span;
+
+/// What the states share: the inner service, the store, the claim.
+pub(super) struct Ctx<S, St: IdempotencyStore, F, P> {
+    pub(super) service: S,
+    pub(super) store: St,
+    pub(super) config: Arc<Config<F, P>>,
+    pub(super) key: StoreKey,
+    pub(super) token: ClaimToken,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) claim: Option<ClaimGuard<St>>,
+    // Whether the client speaks gRPC (the layer then answers with gRPC statuses).
+    pub(super) grpc: bool,
+}
+
+pub(super) type StateOf<S, ReqB, ResB, St> = State<
+    <S as Service<Request<RequestBody<ReqB>>>>::Future,
+    ReqB,
+    ResB,
+    St,
+    <S as Service<Request<RequestBody<ReqB>>>>::Error,
+>;
+
+impl<S, St, F, P> Ctx<S, St, F, P>
+where
+    St: IdempotencyStore,
+    F: Fingerprinter,
+    P: StorePredicate,
+{
+    /// Reads the request body up to the limit, then sends the claim.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn poll_request<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        mut body: Pin<&mut ReqB>,
+        parts: &mut Option<request::Parts>,
+        collected: &mut Collector,
+        drained: &mut Option<usize>,
+        cx: &mut Context<'_>,
+    ) -> Poll<StateOf<S, ReqB, ResB, St>>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        let settings = &self.config.settings;
+        if drained.is_none() {
+            // Request trailers are not part of the request's identity.
+            let mut trailers = None;
+            match ready!(collected.poll_collect(
+                body.as_mut(),
+                settings.body_limit,
+                &mut trailers,
+                cx
+            )) {
+                Collected::Complete => {}
+                Collected::Over(data) => {
+                    *collected = Collector::default();
+                    *drained = Some(data.len());
+                }
+                Collected::Failed(_) => {
+                    return Poll::Ready(self.reject(span, ProblemKind::RequestBodyError, false));
+                }
+            }
+        }
+        // Over the limit: read and drop the rest (bounded), so the client reads the 413.
+        while let Some(count) = drained {
+            let Some(frame) = ready!(body.as_mut().poll_frame(cx)) else {
+                break;
+            };
+            match frame.map(|frame| frame.into_data()) {
+                Err(_) => return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true)),
+                Ok(Ok(data)) => *count = count.saturating_add(data.len()),
+                Ok(Err(_)) => {}
+            }
+            if *count > settings.drain_limit() {
+                return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true));
+            }
+        }
+        if drained.is_some() {
+            return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, false));
+        }
+        let Some(parts) = parts.take() else {
+            panic!("{POLLED_AFTER_COMPLETION}")
+        };
+        let body = std::mem::take(collected).finish();
+        self.fingerprint = self.config.fingerprinter.fingerprint(&parts, &body);
+        let future = self
+            .store
+            .claim(self.key, self.token, self.fingerprint, settings.lease);
+        Poll::Ready(State::Claim {
+            claim: PendingClaim::new(self.store.clone(), self.key, self.token, future),
+            request: Some(Request::from_parts(parts, body)),
+        })
+    }
+
+    /// Acts on the store's answer to the claim.
+    pub(super) fn claimed<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        outcome: Result<ClaimOutcome, StoreError>,
+        request: &mut Option<Request<Bytes>>,
+        mut renew: Pin<&mut Option<Sleep>>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        let settings = &self.config.settings;
+        let Some(mut request) = request.take() else {
+            panic!("{POLLED_AFTER_COMPLETION}")
+        };
+        match outcome {
+            Ok(ClaimOutcome::Claimed) => {
+                tracing::debug!(token = %self.token, "claimed idempotency key");
+                self.claim = Some(ClaimGuard::new(self.store.clone(), self.key, self.token));
+                renew.set(Some(tokio::time::sleep(claim::renew_interval(
+                    settings.lease,
+                ))));
+                request.extensions_mut().insert(self.token);
+                State::Run {
+                    future: self.service.call(request.map(RequestBody::full)),
+                }
+            }
+            Ok(ClaimOutcome::Existing(record)) => State::Finish {
+                result: Some(Ok(replay::existing(
+                    span,
+                    &settings.problems,
+                    self.grpc,
+                    settings.in_progress_retry_after,
+                    record,
+                    &self.fingerprint,
+                ))),
+            },
+            Err(error) => {
+                // The claim may have landed even though its answer did not arrive.
+                claim::release_in_background(self.store.clone(), self.key, self.token);
+                if settings.fail_open {
+                    Outcome::Unclaimed.record(span);
+                    tracing::warn!(%error, "idempotency store failed; running the request without a claim (fail-open)");
+                    return State::Unclaimed {
+                        future: self.service.call(request.map(RequestBody::full)),
+                    };
+                }
+                Outcome::Unavailable.record(span);
+                tracing::warn!(%error, "idempotency store failed; refusing the request (fail-closed)");
+                State::Finish {
+                    result: Some(Ok(problem(
+                        &settings.problems,
+                        self.grpc,
+                        ProblemKind::StoreUnavailable,
+                        Some(settings.unavailable_retry_after),
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Acts on the handler's answer: read a response to store, or release the key.
+    pub(super) fn ran<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        result: Result<Response<ResB>, S::Error>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        match result {
+            Ok(response) => {
+                let (parts, body) = response.into_parts();
+                if self.config.predicate.should_store(&parts) {
+                    return State::ReadResponse {
+                        body: Some(Box::pin(body)),
+                        parts: Some(parts),
+                        collected: Collector::default(),
+                        trailers: None,
+                    };
+                }
+                self.release(span, "response not stored");
+                let response = Response::from_parts(parts, ResponseBody::streaming(body));
+                State::Finish {
+                    result: Some(Ok(response)),
+                }
+            }
+            Err(error) => {
+                self.release(span, "inner service error");
+                State::Finish {
+                    result: Some(Err(error)),
+                }
+            }
+        }
+    }
+
+    /// Reads the response body up to the store limit, then stores it or releases the key.
+    pub(super) fn poll_response<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        body: &mut Option<Pin<Box<ResB>>>,
+        parts: &mut Option<response::Parts>,
+        collected: &mut Collector,
+        trailers: &mut Option<HeaderMap>,
+        cx: &mut Context<'_>,
+    ) -> Poll<StateOf<S, ReqB, ResB, St>>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body<Data = Bytes>,
+    {
+        let settings = &self.config.settings;
+        let Some(stream) = body.as_mut() else {
+            panic!("{POLLED_AFTER_COMPLETION}")
+        };
+        let overflow = match ready!(collected.poll_collect(
+            stream.as_mut(),
+            settings.response_limit,
+            trailers,
+            cx
+        )) {
+            Collected::Complete => None,
+            Collected::Over(data) => Some(data),
+            Collected::Failed(_) => {
+                let response = problem(
+                    &settings.problems,
+                    self.grpc,
+                    ProblemKind::ResponseBodyError,
+                    None,
+                );
+                self.release(span, "response body failed");
+                return Poll::Ready(State::Finish {
+                    result: Some(Ok(response)),
+                });
+            }
+        };
+        let (Some(parts), Some(rest)) = (parts.take(), body.take()) else {
+            panic!("{POLLED_AFTER_COMPLETION}")
+        };
+        let collected = std::mem::take(collected);
+        let trailers = trailers.take();
+        let response = match overflow {
+            Some(data) => {
+                // NOTE: the handler ran, so the key must stay taken even though the response
+                // cannot be replayed; the streaming body decides between not-replayable (it
+                // ended, or the client left) and released (it failed).
+                Outcome::NotReplayable.record(span);
+                let prefixed = BufferedBody::prefixed(collected.finish_with(data), rest);
+                let body = match self.claim.take() {
+                    Some(claim) => ResponseBody::held(
+                        prefixed,
+                        Box::new(StreamingClaim::new(
+                            claim,
+                            settings.lease,
+                            settings.retention,
+                        )),
+                    ),
+                    None => ResponseBody::from_buffered(prefixed),
+                };
+                Response::from_parts(parts, body)
+            }
+            None if trailers
+                .as_ref()
+                .is_some_and(|t| !self.config.predicate.should_store_trailers(t)) =>
+            {
+                // NOTE: e.g. a gRPC UNAVAILABLE in the trailers: a failure to retry, not an
+                // answer to replay.
+                self.release(span, "trailers say the call failed");
+                let body = ResponseBody::full_with_trailers(collected.finish(), trailers);
+                Response::from_parts(parts, body)
+            }
+            None => {
+                Outcome::Stored.record(span);
+                let body = collected.finish();
+                let stored = StoredResponse {
+                    status: parts.status,
+                    headers: replay::storable_headers(&parts.headers, &settings.strip_headers),
+                    body: body.clone(),
+                    trailers: trailers.clone(),
+                };
+                if let Some(claim) = self.claim.as_mut() {
+                    claim.complete(Completion::Response(stored), settings.retention);
+                }
+                Response::from_parts(parts, ResponseBody::full_with_trailers(body, trailers))
+            }
+        };
+        Poll::Ready(State::Finish {
+            result: Some(Ok(response)),
+        })
+    }
+
+    pub(super) fn poll_renew(&mut self, renew: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) {
+        if let (Some(timer), Some(claim)) = (renew.as_pin_mut(), self.claim.as_mut()) {
+            claim.poll_renew(timer, self.config.settings.lease, cx);
+        }
+    }
+
+    pub(super) fn release(&mut self, span: &Span, why: &str) {
+        Outcome::Released.record(span);
+        tracing::debug!(reason = why, "releasing idempotency key");
+        if let Some(claim) = self.claim.as_mut() {
+            claim.release();
+        }
+    }
+
+    /// The layer's own answer to a request it refuses; `close` when the client may still be
+    /// sending a body nobody will read.
+    pub(super) fn reject<Fut, ReqB, ResB: Body, E>(
+        &self,
+        span: &Span,
+        kind: ProblemKind,
+        close: bool,
+    ) -> State<Fut, ReqB, ResB, St, E> {
+        Outcome::Rejected.record(span);
+        tracing::debug!(problem = kind.type_uri(), "idempotency request rejected");
+        let settings = &self.config.settings;
+        let mut response = problem(&settings.problems, self.grpc, kind, None);
+        if close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        State::Finish {
+            result: Some(Ok(response)),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! One shard of the memory store: its records, their expiry indices, and what each scope
+//! holds.
+
+use crate::fingerprint::Fingerprint;
+use crate::store::{ClaimToken, StoreKey, StoredResponse};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+#[derive(Default)]
+pub(super) struct Shard {
+    pub(super) map: HashMap<StoreKey, Entry>,
+    // NOTE: every entry is in exactly one of these two expiry indices, under its current
+    // `expires_at`; `insert`, `remove` and `do_extend` keep them in step with `map`.
+    pub(super) leases: BTreeSet<(Instant, StoreKey)>,
+    pub(super) completed: BTreeSet<(Instant, StoreKey)>,
+    pub(super) bytes: usize,
+    // What each scope holds in this shard, to decide who pays when room must be made.
+    pub(super) scopes: HashMap<u64, ScopeUse>,
+}
+
+#[derive(Default)]
+pub(super) struct ScopeUse {
+    pub(super) entries: usize,
+    pub(super) bytes: usize,
+    pub(super) completed: BTreeSet<(Instant, StoreKey)>,
+}
+
+pub(super) struct Entry {
+    pub(super) fingerprint: Fingerprint,
+    pub(super) scope: u64,
+    pub(super) expires_at: Instant,
+    pub(super) state: State,
+}
+
+pub(super) enum State {
+    InProgress { token: ClaimToken },
+    Completed(Arc<StoredResponse>),
+    NotReplayable,
+}
+
+impl State {
+    pub(super) fn size(&self) -> usize {
+        match self {
+            State::Completed(response) => response.approximate_size(),
+            State::InProgress { .. } | State::NotReplayable => 0,
+        }
+    }
+}
+
+impl Shard {
+    pub(super) fn insert(&mut self, key: StoreKey, entry: Entry) {
+        let size = entry.state.size();
+        let usage = self.scopes.entry(entry.scope).or_default();
+        usage.entries += 1;
+        usage.bytes += size;
+        match entry.state {
+            State::InProgress { .. } => self.leases.insert((entry.expires_at, key)),
+            _ => {
+                usage.completed.insert((entry.expires_at, key));
+                self.completed.insert((entry.expires_at, key))
+            }
+        };
+        self.bytes += size;
+        self.map.insert(key, entry);
+    }
+
+    pub(super) fn remove(&mut self, key: &StoreKey) -> Option<Entry> {
+        let entry = self.map.remove(key)?;
+        let size = entry.state.size();
+        let completed = !matches!(entry.state, State::InProgress { .. });
+        match completed {
+            false => self.leases.remove(&(entry.expires_at, *key)),
+            true => self.completed.remove(&(entry.expires_at, *key)),
+        };
+        if let Some(usage) = self.scopes.get_mut(&entry.scope) {
+            usage.entries -= 1;
+            usage.bytes -= size;
+            if completed {
+                usage.completed.remove(&(entry.expires_at, *key));
+            }
+            if usage.entries == 0 {
+                self.scopes.remove(&entry.scope);
+            }
+        }
+        self.bytes -= size;
+        Some(entry)
+    }
+
+    /// The completed record to evict to make room for `claimer`: the oldest of the scope that
+    /// holds the most (by `weight`) among those holding more than `claimer`, else the
+    /// claimer's own oldest. `None` if there is none: the claimer is refused rather than
+    /// another scope paying for it.
+    pub(super) fn victim(&self, claimer: u64, weight: fn(&ScopeUse) -> usize) -> Option<StoreKey> {
+        let own = self.scopes.get(&claimer).map_or(0, weight);
+        let mut best: Option<(usize, StoreKey)> = None;
+        for (scope, usage) in &self.scopes {
+            let held = weight(usage);
+            if *scope == claimer || held <= own || best.is_some_and(|(most, _)| held <= most) {
+                continue;
+            }
+            if let Some(&(_, key)) = usage.completed.first() {
+                best = Some((held, key));
+            }
+        }
+        best.map(|(_, key)| key).or_else(|| {
+            let usage = self.scopes.get(&claimer)?;
+            usage.completed.first().map(|&(_, key)| key)
+        })
+    }
+
+    pub(super) fn owned_by(&mut self, key: &StoreKey, token: ClaimToken) -> Option<&mut Entry> {
+        self.map
+            .get_mut(key)
+            .filter(|e| matches!(e.state, State::InProgress { token: t } if t == token))
+    }
+
+    pub(super) fn purge_expired(&mut self, now: Instant) {
+        for index in [0, 1] {
+            loop {
+                let set = if index == 0 {
+                    &self.leases
+                } else {
+                    &self.completed
+                };
+                match set.first() {
+                    Some(&(at, key)) if at <= now => {
+                        self.remove(&key);
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}

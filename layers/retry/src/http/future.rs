@@ -1,0 +1,196 @@
+//! The response future: buffering the body, then one attempt or a retried operation.
+
+use super::replay::{Rebuild, ReplayBody, ReplayRequest};
+use super::service::call_once;
+use crate::classify::Classify;
+use crate::error::{GiveUp, RetryError};
+use crate::hook::OnRetry;
+use crate::layer::Config;
+use crate::service::start;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+use tower_once_core::body::{Collected, Collector};
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+
+/// What an operation needs once its request body is buffered.
+pub(super) struct Pending<S, C, H> {
+    pub(super) service: S,
+    pub(super) template: ReplayRequest,
+    pub(super) config: Arc<Config<C, H>>,
+    pub(super) limit: usize,
+    pub(super) deadline: Deadline,
+}
+
+type Core<S, B, C, H> = crate::ResponseFuture<Rebuild<S, B>, ReplayRequest, C, H>;
+
+pin_project! {
+    /// Response future of [`HttpRetry`].
+    pub struct ResponseFuture<S, B, C, H>
+    where
+        B: Body,
+        S: Service<Request<ReplayBody<B>>>,
+    {
+        #[pin]
+        state: HttpState<S::Future, B, Core<S, B, C, H>>,
+        pending: Option<Pending<S, C, H>>,
+    }
+}
+
+pin_project! {
+    #[project = HttpStateProj]
+    enum HttpState<F, B, R> {
+        Buffering { body: Option<Pin<Box<B>>>, collected: Collector },
+        Retrying { #[pin] core: R },
+        // One attempt, still bound by the operation's deadline.
+        Once { #[pin] future: F, #[pin] cutoff: Sleep },
+        // Inside another retry layer's attempt: that layer owns the operation.
+        Passthrough { #[pin] future: F },
+    }
+}
+
+impl<S, B, C, H> ResponseFuture<S, B, C, H>
+where
+    B: Body,
+    S: Service<Request<ReplayBody<B>>>,
+{
+    pub(super) fn once(future: S::Future, deadline: Deadline) -> Self {
+        Self {
+            state: HttpState::Once {
+                future,
+                cutoff: tokio::time::sleep_until(deadline.instant()),
+            },
+            pending: None,
+        }
+    }
+
+    pub(super) fn passthrough(future: S::Future) -> Self {
+        Self {
+            state: HttpState::Passthrough { future },
+            pending: None,
+        }
+    }
+
+    pub(super) fn buffering(body: B, pending: Pending<S, C, H>) -> Self {
+        Self {
+            state: HttpState::Buffering {
+                body: Some(Box::pin(body)),
+                collected: Collector::default(),
+            },
+            pending: Some(pending),
+        }
+    }
+
+    pub(super) fn retrying(core: Core<S, B, C, H>) -> Self {
+        Self {
+            state: HttpState::Retrying { core },
+            pending: None,
+        }
+    }
+}
+
+impl<S, B, ResB, C, H> Future for ResponseFuture<S, B, C, H>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>>,
+    B: Body<Data = Bytes>,
+    C: Classify<Response<ResB>, S::Error>,
+    H: OnRetry<Response<ResB>, S::Error>,
+{
+    type Output = Result<Response<ResB>, RetryError<S::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                HttpStateProj::Retrying { core } => return core.poll(cx),
+                HttpStateProj::Once { future, cutoff } => {
+                    if let Poll::Ready(outcome) = future.poll(cx) {
+                        return Poll::Ready(
+                            outcome.map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
+                        );
+                    }
+                    ready!(cutoff.poll(cx));
+                    return Poll::Ready(Err(RetryError::deadline(1)));
+                }
+                HttpStateProj::Passthrough { future } => {
+                    return Poll::Ready(
+                        ready!(future.poll(cx))
+                            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
+                    );
+                }
+                HttpStateProj::Buffering { body, collected } => {
+                    let (Some(stream), Some(pending)) = (body.as_mut(), this.pending.as_ref())
+                    else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    // Request trailers are not replayed.
+                    let mut trailers = None;
+                    let outcome = ready!(collected.poll_collect(
+                        stream.as_mut(),
+                        pending.limit,
+                        &mut trailers,
+                        cx
+                    ));
+                    let Some(Pending {
+                        service,
+                        template,
+                        config,
+                        deadline,
+                        ..
+                    }) = this.pending.take()
+                    else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let collected = std::mem::take(collected);
+                    let once = |body: ReplayBody<B>, service: S, template: ReplayRequest| {
+                        let stats = &config.settings.stats;
+                        stats.operation();
+                        stats.attempt();
+                        call_once(service, template.into_request(body), deadline)
+                    };
+                    match (outcome, body.take()) {
+                        (Collected::Complete, _) => {
+                            let replay = ReplayRequest {
+                                body: collected.finish(),
+                                ..template
+                            };
+                            this.state.set(HttpState::Retrying {
+                                core: start(Rebuild::new(service), replay, config, Some(deadline)),
+                            });
+                        }
+                        (Collected::Over(data), Some(rest)) => {
+                            tracing::debug!("request body over the replay limit: one attempt");
+                            let body = ReplayBody::prefixed(collected.finish_with(data), rest);
+                            let future = once(body, service, template);
+                            this.state.set(HttpState::Once {
+                                future,
+                                cutoff: tokio::time::sleep_until(deadline.instant()),
+                            });
+                        }
+                        (Collected::Failed(error), _) => {
+                            // NOTE: never pass a truncated body off as complete, nor replay it:
+                            // the inner service sees the bytes read so far, then the error.
+                            tracing::debug!("request body failed while buffering: one attempt");
+                            let body = ReplayBody::failed(collected.finish(), error);
+                            let future = once(body, service, template);
+                            this.state.set(HttpState::Once {
+                                future,
+                                cutoff: tokio::time::sleep_until(deadline.instant()),
+                            });
+                        }
+                        (Collected::Over(_), None) => {
+                            panic!("ResponseFuture polled after completion")
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

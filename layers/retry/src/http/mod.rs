@@ -1,0 +1,45 @@
+//! Retrying HTTP requests whose bodies are not `Clone`, safely.
+//!
+//! [`HttpRetryLayer`] is a [`RetryLayer`](crate::RetryLayer) for `http::Request`s, made with
+//! [`RetryLayer::into_http`](crate::RetryLayer::into_http) (every retry setting carries over)
+//! or [`HttpRetryLayer::new`] (the defaults with [`HttpClassifier`](crate::classify::HttpClassifier)). It classifies HTTP
+//! responses with [`HttpClassifier`](crate::classify::HttpClassifier) unless another classifier was chosen with
+//! [`classify`](HttpRetryLayer::classify), so `RetryLayer::new().into_http()` retries a `503`.
+//! On top of the generic layer it:
+//!
+//! - **retries only safe requests**: idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`,
+//!   `DELETE`, `TRACE`) and requests carrying an `Idempotency-Key`. Other requests get one
+//!   attempt. With [`stamp_idempotency_keys`](HttpRetryLayer::stamp_idempotency_keys), an
+//!   unkeyed `POST` or `PATCH` gets a fresh UUID key, the same on every attempt, and becomes
+//!   retryable — the server's idempotency layer then runs it once;
+//! - **buffers the body for replay**, up to [`body_limit`](HttpRetryLayer::body_limit)
+//!   (64 KiB by default). A larger body is sent once, streaming, and that request is not
+//!   retried: replaying it would need unbounded memory;
+//! - **puts the operation's [`Deadline`](tower_once_timeout::Deadline) in each attempt's extensions**, for an
+//!   `HttpTimeoutLayer` below and the transport.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_once_retry::RetryLayer;
+//!
+//! let layer = RetryLayer::new()
+//!     .deadline(Duration::from_secs(10))
+//!     .into_http()
+//!     .stamp_idempotency_keys(true);
+//! // The same, built from the HTTP layer:
+//! let same = tower_once_retry::http::HttpRetryLayer::new()
+//!     .deadline(Duration::from_secs(10))
+//!     .stamp_idempotency_keys(true);
+//! # let _ = same;
+//! # let _ = layer;
+//! ```
+
+mod future;
+mod layer;
+mod replay;
+mod service;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::{HttpRetryLayer, IDEMPOTENCY_KEY};
+pub use self::replay::{Rebuild, ReplayBody, ReplayRequest};
+pub use self::service::HttpRetry;

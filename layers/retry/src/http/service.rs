@@ -1,0 +1,151 @@
+//! The middleware: which requests are retried, and how an operation starts.
+
+use super::future::{Pending, ResponseFuture};
+use super::layer::IDEMPOTENCY_KEY;
+use super::replay::{Rebuild, ReplayBody, ReplayRequest};
+use crate::classify::{Classify, HttpClassifier, HttpDefault};
+use crate::error::{GiveUp, RetryError};
+use crate::hook::OnRetry;
+use crate::layer::Config;
+use crate::service::{in_attempt, is_nested, saturating_add, start, InAttempt};
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response};
+use http_body::Body;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+
+/// Middleware built by [`HttpRetryLayer`](super::HttpRetryLayer).
+pub struct HttpRetry<S, C = HttpClassifier, H = ()> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config<HttpDefault<C>, H>>,
+    pub(super) body_limit: usize,
+    pub(super) stamp: bool,
+}
+
+impl<S: Clone, C, H> Clone for HttpRetry<S, C, H> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, C, H> std::fmt::Debug for HttpRetry<S, C, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRetry")
+            .field("inner", &self.inner)
+            .field("body_limit", &self.body_limit)
+            .field("stamp", &self.stamp)
+            .finish()
+    }
+}
+
+/// Whether a request may be sent more than once.
+fn is_safe<B>(req: &Request<B>) -> bool {
+    matches!(
+        *req.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    ) || req.headers().contains_key(IDEMPOTENCY_KEY)
+}
+
+impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>> + Clone,
+    B: Body<Data = Bytes>,
+    C: Classify<Response<ResB>, S::Error>,
+    H: OnRetry<Response<ResB>, S::Error>,
+{
+    type Response = Response<ResB>;
+    type Error = RetryError<S::Error>;
+    type Future = ResponseFuture<S, B, HttpDefault<C>, H>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 0, e))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if is_nested() || req.extensions().get::<InAttempt>().is_some() {
+            tracing::trace!("nested RetryLayer: deferring to the outer one");
+            return ResponseFuture::passthrough(self.inner.call(req.map(ReplayBody::streaming)));
+        }
+        let deadline = operation_deadline(&self.config, &req);
+        let stampable = matches!(*req.method(), Method::POST | Method::PATCH);
+        if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
+            let key = uuid::Uuid::new_v4().hyphenated().to_string();
+            if let Ok(value) = HeaderValue::from_str(&key) {
+                req.headers_mut().insert(IDEMPOTENCY_KEY, value);
+            }
+        }
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        if !is_safe(&req) {
+            tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
+            let stats = &self.config.settings.stats;
+            stats.operation();
+            stats.attempt();
+            return ResponseFuture::once(
+                call_once(service, req.map(ReplayBody::streaming), deadline),
+                deadline,
+            );
+        }
+        let (parts, body) = req.into_parts();
+        let template = ReplayRequest {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            extensions: parts.extensions,
+            body: Bytes::new(),
+        };
+        let config = Arc::clone(&self.config);
+        if body.is_end_stream() {
+            return ResponseFuture::retrying(start(
+                Rebuild::new(service),
+                template,
+                config,
+                Some(deadline),
+            ));
+        }
+        ResponseFuture::buffering(
+            body,
+            Pending {
+                service,
+                template,
+                config,
+                limit: self.body_limit,
+                deadline,
+            },
+        )
+    }
+}
+
+/// The operation's deadline: this layer's own, or an earlier one the request already carries
+/// (in its extensions, from an outer layer across a `Buffer`, or in the call scope).
+fn operation_deadline<C, H, B>(config: &Config<C, H>, req: &Request<B>) -> Deadline {
+    let own = Deadline::at(saturating_add(
+        tokio::time::Instant::now(),
+        config.settings.deadline,
+    ));
+    match Deadline::of(req) {
+        Some(outer) if outer < own => outer,
+        _ => own,
+    }
+}
+
+/// Sends a request that gets a single attempt, with the operation's deadline in its extensions
+/// and in scope (for an `HttpTimeoutLayer` below), marked as inside an attempt.
+pub(super) fn call_once<S, B>(mut service: S, mut req: Request<B>, deadline: Deadline) -> S::Future
+where
+    S: Service<Request<B>>,
+{
+    req.extensions_mut().insert(deadline);
+    req.extensions_mut().insert(InAttempt);
+    in_attempt(deadline, || service.call(req))
+}
