@@ -9,13 +9,33 @@
 //! - **Backoff**: exponential with jitter ([`backoff`]); a server's `Retry-After` replaces it
 //!   for one wait, capped.
 //! - **One deadline** for the whole operation (attempts and waits). The layer never sleeps past
-//!   it: when the next wait would end beyond it, it returns the last outcome at once. Each
-//!   attempt's `call` runs inside the [`Deadline`](tower_once_timeout::Deadline)'s scope, so a
+//!   it: when the next wait would end beyond it, it returns the last outcome at once, and an
+//!   attempt still running when it passes is dropped and the operation ends with
+//!   [`RetryError::is_deadline`], whatever sits below. Each attempt's `call` (and every poll
+//!   of its future) runs inside the [`Deadline`](tower_once_timeout::Deadline)'s scope, so a
 //!   `TimeoutLayer` below caps each attempt at what is left.
 //! - **A retry budget** shared by every clone of the layer ([`budget`]): a total outage adds
 //!   about 20 % load, not four times as much.
 //! - **Nested layers do not multiply**: a `Retry` called inside another's attempt makes one
 //!   attempt and leaves retrying to the outer one.
+//!
+//! # What crosses a `Buffer` or a spawned task
+//!
+//! The outer layer marks its attempts in two ways. A thread-local mark (with the deadline's
+//! call scope) is set while an attempt is called *and while its future is polled*, so an inner
+//! layer reached through an `async` block or a `oneshot` in that future sees it. The HTTP form
+//! ([`http`]) also puts the mark and the [`Deadline`](tower_once_timeout::Deadline) in the
+//! request's extensions, which travel with the request through `tower::buffer::Buffer`, a
+//! spawned task or a channel.
+//!
+//! | inner layer reached through | generic `RetryLayer` | HTTP form |
+//! |---|---|---|
+//! | a direct `call` or an `async` block / `oneshot` in the attempt's future | defers | defers |
+//! | `tower::buffer::Buffer`, `tokio::spawn`, a channel | **does not see the mark: multiplies** | defers (extension) |
+//!
+//! The deadline crosses the same way: an `HttpTimeoutLayer` behind a `Buffer` reads it from the
+//! extension; a generic `TimeoutLayer` behind a `Buffer` does not see it, but the outer retry
+//! layer still ends the operation at its deadline itself.
 //!
 //! # Example
 //!

@@ -37,7 +37,7 @@
 //! what those crates leave out: one deadline over all attempts and waits (each attempt's timeout
 //! is capped by what is left), `Retry-After` honoured, a retry budget shared by all clones,
 //! retries only for idempotent methods or keyed requests, and a stamped `Idempotency-Key` that
-//! every attempt repeats. A body is replayed from a buffer (64 KiB by default), so streaming
+//! every attempt repeats. A body is replayed from a buffer (1 MiB by default), so streaming
 //! bodies are retried too; reqwest-retry can only retry requests whose body it can clone.
 
 use bytes::Bytes;

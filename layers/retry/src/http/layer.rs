@@ -23,7 +23,7 @@ pub struct HttpRetryLayer<C = HttpClassifier, H = ()> {
 }
 
 impl HttpRetryLayer {
-    /// [`RetryLayer::new`] with [`HttpClassifier`], a 64 KiB replay buffer, no key stamping.
+    /// [`RetryLayer::new`] with [`HttpClassifier`], a 1 MiB replay buffer, no key stamping.
     pub fn new() -> Self {
         RetryLayer::new().classify(HttpClassifier).into_http()
     }
@@ -41,7 +41,7 @@ impl<C, H> RetryLayer<C, H> {
     pub fn into_http(self) -> HttpRetryLayer<C, H> {
         HttpRetryLayer {
             retry: self,
-            body_limit: 64 * 1024,
+            body_limit: 1024 * 1024,
             stamp: false,
         }
     }
@@ -114,7 +114,9 @@ impl<C, H> HttpRetryLayer<C, H> {
         self
     }
 
-    /// The largest request body buffered for replay; larger ones go out once. Default 64 KiB.
+    /// The largest request body buffered for replay; larger ones go out once. Default 1 MiB,
+    /// the same as `IdempotencyLayer`'s request body limit, so a request the server accepts
+    /// can be retried; the buffer lives only while the request is in flight.
     pub fn body_limit(mut self, limit: usize) -> Self {
         self.body_limit = limit;
         self

@@ -13,7 +13,7 @@
 //!   unkeyed `POST` or `PATCH` gets a fresh UUID key, the same on every attempt, and becomes
 //!   retryable — the server's idempotency layer then runs it once;
 //! - **buffers the body for replay**, up to [`body_limit`](HttpRetryLayer::body_limit)
-//!   (64 KiB by default). A larger body is sent once, streaming, and that request is not
+//!   (1 MiB by default, as the server layer's limit). A larger body is sent once, streaming, and that request is not
 //!   retried: replaying it would need unbounded memory;
 //! - **puts the operation's [`Deadline`](tower_once_timeout::Deadline) in each attempt's extensions**, for an
 //!   `HttpTimeoutLayer` below and the transport.
