@@ -54,7 +54,7 @@ impl IdempotencyLayer {
     /// | retention | 24 h |
     /// | store failure | fail closed: `503`, `Retry-After: 1` |
     /// | client gone mid-handler | the handler finishes, its response is stored ([`cancel_on_disconnect`](Self::cancel_on_disconnect)) |
-    /// | stored responses | all but 5xx, 400, 408, 415, 422, 425, 429 ([`store_when`](Self::store_when)) |
+    /// | stored responses | all but 5xx, 400, 408, 413, 415, 422, 425, 429 ([`store_when`](Self::store_when)) |
     pub fn new() -> Self {
         Self::with_store(MemoryStore::new())
     }

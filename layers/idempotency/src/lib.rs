@@ -54,13 +54,13 @@
 //!
 //! | situation                                        | answer                                          | handler runs |
 //! |--------------------------------------------------|-------------------------------------------------|--------------|
-//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx but 400, 415, 422) | yes, once |
+//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx but 400, 413, 415, 422) | yes, once |
 //! | same key, same request, completed                | stored status, headers, body, trailers + `Idempotent-Replayed: true` | no |
 //! | same key, same request, still running            | `409` + `Retry-After` (lease left, at most 1 s) | no           |
 //! | same key, same method and path, different query or body | `422`                                    | no           |
 //! | same key, different method or path               | a separate record                               | yes, once    |
 //! | handler answered 5xx, 408, 425 or 429, or failed | the handler's answer; key released              | next retry runs it |
-//! | handler answered 400, 415 or 422 (validation)    | the handler's answer; key released              | the fixed resend runs it |
+//! | handler answered 400, 413, 415 or 422 (validation)    | the handler's answer; key released              | the fixed resend runs it |
 //! | the client went away mid-run                     | the handler finishes on its own task; response stored ([`cancel_on_disconnect`](IdempotencyLayer::cancel_on_disconnect) to drop it instead) | no: the retry is replayed |
 //! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; not replayable once it ended (released if it failed) | no |
 //! | request body over the limit                      | `413`                                           | no           |

@@ -4,7 +4,7 @@
 //! |--------------------------------------------|------------------|
 //! | 2xx, 3xx                                   | store            |
 //! | 4xx except those below                     | store            |
-//! | 400 Bad Request, 415 Unsupported Media Type, 422 Unprocessable Content | release (validation) |
+//! | 400 Bad Request, 413 Content Too Large, 415 Unsupported Media Type, 422 Unprocessable Content | release (validation) |
 //! | 408 Request Timeout, 425 Too Early, 429 Too Many Requests | release |
 //! | 5xx                                        | release          |
 //! | inner service error                        | release (always) |
@@ -18,9 +18,10 @@
 //! `DATA_LOSS`, and any unknown code).
 //!
 //! A stored 4xx means "this request is wrong": retrying it unchanged cannot succeed, and replaying
-//! the same answer is what the IETF draft and Stripe do. 400, 415 and 422 are the rejections a
-//! framework makes before the handler does anything (axum answers 415 for a missing
-//! `Content-Type`, 422 for JSON that does not match, 400 for a bad query): the client is
+//! the same answer is what the IETF draft and Stripe do. 400, 413, 415 and 422 are the
+//! rejections a framework makes before the handler does anything (axum answers 415 for a
+//! missing `Content-Type`, 422 for JSON that does not match, 400 for a bad query, 413 past its
+//! `DefaultBodyLimit`): the client is
 //! expected to fix its request and resend it with the same key, and Stripe saves no result when
 //! a request fails validation, so they release the key. The layer's own `422` (a key reused with
 //! another request) is told apart by its problem `type`,
@@ -84,6 +85,7 @@ impl StorePredicate for DefaultPredicate {
         let status = parts.status;
         let http_final = !(status.is_server_error()
             || status == StatusCode::BAD_REQUEST
+            || status == StatusCode::PAYLOAD_TOO_LARGE
             || status == StatusCode::UNSUPPORTED_MEDIA_TYPE
             || status == StatusCode::UNPROCESSABLE_ENTITY
             || status == StatusCode::REQUEST_TIMEOUT

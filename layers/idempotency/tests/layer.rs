@@ -324,7 +324,7 @@ async fn final_client_errors_are_stored_and_replayed() {
 async fn validation_rejections_are_not_stored_so_a_fixed_resend_runs() {
     // axum's own rejections (a missing Content-Type is 415, bad JSON 422, a bad query 400):
     // the client fixes its request and resends it with the same key.
-    for status in [400u16, 415, 422] {
+    for status in [400u16, 413, 415, 422] {
         let handler = Handler::default();
         let mut svc = layer().layer(handler.clone());
         let uri = format!("/c?status={status}");

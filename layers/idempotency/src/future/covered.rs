@@ -8,9 +8,10 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::predicate::StorePredicate;
+use crate::problem::ProblemKind;
 use crate::store::{ClaimToken, IdempotencyStore, StoreKey};
 use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_LENGTH, EXPECT};
 use http::{request, response, HeaderMap, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -157,6 +158,8 @@ where
     ReqB: Body,
     ResB: Body,
     St: IdempotencyStore,
+    F: Fingerprinter,
+    P: StorePredicate,
 {
     pub(super) fn new(
         service: S,
@@ -182,25 +185,39 @@ where
             .unwrap_or(0);
         let limit = config.settings.body_limit as u64;
         let over = declared > limit || body.size_hint().lower() > limit;
+        // NOTE: a client that asked `Expect: 100-continue` has not sent its body yet: reading
+        // it would invite the upload (hyper answers `100 Continue` on the first read). Refuse
+        // at once instead.
+        let refuse_now = over
+            && parts
+                .headers
+                .get(EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let grpc = is_grpc(&parts.headers);
-        Self {
-            state: State::ReadRequest {
+        let ctx = Ctx {
+            grpc,
+            service,
+            store,
+            config,
+            key,
+            token: ClaimToken::new(),
+            fingerprint: Fingerprint::from_bytes([0; 32]),
+            claim: None,
+        };
+        let state = if refuse_now {
+            ctx.reject(&span, ProblemKind::BodyTooLarge, false)
+        } else {
+            State::ReadRequest {
                 body,
                 parts: Some(parts),
                 collected: Collector::default(),
                 drained: over.then_some(0),
-            },
+            }
+        };
+        Self {
+            state,
             renew: None,
-            ctx: Ctx {
-                grpc,
-                service,
-                store,
-                config,
-                key,
-                token: ClaimToken::new(),
-                fingerprint: Fingerprint::from_bytes([0; 32]),
-                claim: None,
-            },
+            ctx,
             span,
         }
     }

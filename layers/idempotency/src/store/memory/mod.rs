@@ -30,9 +30,9 @@ use tokio::time::Instant;
 /// record its place.
 ///
 /// **Fair between scopes.** When room must be made, the [scope](crate::scope) that holds the
-/// most (entries, or bytes for the byte bound) pays: a scope claiming a new key evicts a
-/// completed record of a scope that holds more than it does, or else one of its own, and gets
-/// [`StoreError::full`] (`503`) when it has none to give. So a tenant flooding the store with
+/// most (entries, or bytes for the byte bound) pays with its oldest completed record; if it
+/// has none to give (only claims in progress), the claimer pays with one of its own, and gets
+/// [`StoreError::full`] (`503`) when it has none either — never a bystander. So a tenant flooding the store with
 /// fresh keys only ever evicts its own records, never another tenant's completed payment. The
 /// rule applies per shard; finding the largest scope costs a scan of the shard's scopes, paid
 /// only when the store is full.
@@ -194,7 +194,7 @@ impl MemoryStore {
         }
         let scope = key.scope_tag();
         if shard.map.len() >= self.inner.max_entries_per_shard {
-            match shard.victim(scope, |u| u.entries) {
+            match shard.victim(scope, |u| u.entries, |u| &u.completed) {
                 Some(victim) => drop(shard.remove(&victim)),
                 None => return Err(StoreError::full()),
             }
@@ -240,7 +240,7 @@ impl MemoryStore {
             state = State::NotReplayable;
         }
         while shard.bytes + state.size() > self.inner.max_bytes_per_shard {
-            match shard.victim(scope, |u| u.bytes) {
+            match shard.victim(scope, |u| u.bytes, |u| &u.replayable) {
                 Some(victim) => drop(shard.remove(&victim)),
                 None => {
                     state = State::NotReplayable;

@@ -24,6 +24,9 @@ pub(super) struct ScopeUse {
     pub(super) entries: usize,
     pub(super) bytes: usize,
     pub(super) completed: BTreeSet<(Instant, StoreKey)>,
+    // The completed records that hold a response (bytes): the only ones whose eviction frees
+    // bytes. A not-replayable record holds none and is never evicted for bytes.
+    pub(super) replayable: BTreeSet<(Instant, StoreKey)>,
 }
 
 pub(super) struct Entry {
@@ -58,6 +61,9 @@ impl Shard {
             State::InProgress { .. } => self.leases.insert((entry.expires_at, key)),
             _ => {
                 usage.completed.insert((entry.expires_at, key));
+                if size > 0 {
+                    usage.replayable.insert((entry.expires_at, key));
+                }
                 self.completed.insert((entry.expires_at, key))
             }
         };
@@ -78,6 +84,7 @@ impl Shard {
             usage.bytes -= size;
             if completed {
                 usage.completed.remove(&(entry.expires_at, *key));
+                usage.replayable.remove(&(entry.expires_at, *key));
             }
             if usage.entries == 0 {
                 self.scopes.remove(&entry.scope);
@@ -87,26 +94,27 @@ impl Shard {
         Some(entry)
     }
 
-    /// The completed record to evict to make room for `claimer`: the oldest of the scope that
-    /// holds the most (by `weight`) among those holding more than `claimer`, else the
-    /// claimer's own oldest. `None` if there is none: the claimer is refused rather than
-    /// another scope paying for it.
-    pub(super) fn victim(&self, claimer: u64, weight: fn(&ScopeUse) -> usize) -> Option<StoreKey> {
-        let own = self.scopes.get(&claimer).map_or(0, weight);
-        let mut best: Option<(usize, StoreKey)> = None;
-        for (scope, usage) in &self.scopes {
-            let held = weight(usage);
-            if *scope == claimer || held <= own || best.is_some_and(|(most, _)| held <= most) {
-                continue;
-            }
-            if let Some(&(_, key)) = usage.completed.first() {
-                best = Some((held, key));
-            }
-        }
-        best.map(|(_, key)| key).or_else(|| {
-            let usage = self.scopes.get(&claimer)?;
-            usage.completed.first().map(|&(_, key)| key)
-        })
+    /// The record to evict to make room for `claimer`: the oldest evictable record of the
+    /// scope that holds the most (by `weight`), or else the claimer's own oldest. `None` if
+    /// neither has one: the claimer is refused rather than a bystander paying for it.
+    /// `pool` picks which of a scope's records are evictable (all completed ones for an
+    /// entry, those holding bytes for bytes).
+    pub(super) fn victim(
+        &self,
+        claimer: u64,
+        weight: fn(&ScopeUse) -> usize,
+        pool: fn(&ScopeUse) -> &BTreeSet<(Instant, StoreKey)>,
+    ) -> Option<StoreKey> {
+        let oldest = |scope: &u64| Some(pool(self.scopes.get(scope)?).first()?.1);
+        // The largest scope; among equals, one with something to give.
+        let largest = self
+            .scopes
+            .iter()
+            .max_by_key(|(_, usage)| (weight(usage), !pool(usage).is_empty()))
+            .map(|(scope, _)| *scope);
+        largest
+            .and_then(|scope| oldest(&scope))
+            .or_else(|| oldest(&claimer))
     }
 
     pub(super) fn owned_by(&mut self, key: &StoreKey, token: ClaimToken) -> Option<&mut Entry> {

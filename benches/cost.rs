@@ -1,0 +1,211 @@
+//! Per-request cost of each layer's happy path, counted rather than timed: heap allocations
+//! (a counting global allocator, `dhat` in testing mode) and, under
+//! `valgrind --tool=callgrind`, instructions. Counts are stable on a noisy machine, unlike
+//! nanoseconds. Peers run in the same binary: a bare axum handler, `tower::retry`,
+//! `tower::timeout` and `tower-resilience`'s retry.
+//!
+//! ```sh
+//! cargo bench --bench cost               # allocations per request, every case
+//! bash benches/callgrind.sh              # instructions per request, every case
+//! cargo bench --bench cost -- fresh 1000 # one case, N requests, no counting (for callgrind)
+//! ```
+
+#![allow(missing_docs)]
+
+use axum::body::{Body, Bytes};
+use axum::routing::post;
+use axum::Router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use std::future::{ready, Ready};
+use std::time::Duration;
+use tower::{Layer, Service, ServiceExt};
+use tower_once::idempotency::IdempotencyLayer;
+use tower_once::retry::RetryLayer;
+use tower_once::timeout::TimeoutLayer;
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+const CASES: [&str; 9] = [
+    "bare",
+    "fresh",
+    "replay",
+    "no_retry",
+    "tower_retry",
+    "resilience_retry",
+    "once_retry",
+    "tower_timeout",
+    "once_timeout",
+];
+
+async fn create(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!(r#"{{"id":"ch_1","received":{}}}"#, body.len()),
+    )
+}
+
+fn request(key: &str, body: &Bytes) -> Request<Body> {
+    Request::post("/charges")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.clone()))
+        .expect("static request parts are valid")
+}
+
+async fn call(router: &Router, req: Request<Body>) {
+    let res = ServiceExt::<Request<Body>>::oneshot(router.clone(), req)
+        .await
+        .expect("router is infallible");
+    assert!(res.status().is_success());
+    res.into_body().collect().await.expect("in-memory body");
+}
+
+#[derive(Debug, Clone)]
+struct Failed;
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed")
+    }
+}
+
+impl std::error::Error for Failed {}
+
+fn inner() -> impl Service<u64, Response = u64, Error = Failed, Future: Send> + Clone + Send {
+    tower::service_fn(|x: u64| async move { Ok::<_, Failed>(x + 1) })
+}
+
+#[derive(Clone)]
+struct Attempts(usize);
+
+impl tower::retry::Policy<u64, u64, Failed> for Attempts {
+    type Future = Ready<()>;
+    fn retry(&mut self, _: &mut u64, result: &mut Result<u64, Failed>) -> Option<Self::Future> {
+        match result {
+            Err(_) if self.0 > 0 => {
+                self.0 -= 1;
+                Some(ready(()))
+            }
+            _ => None,
+        }
+    }
+    fn clone_request(&mut self, req: &u64) -> Option<u64> {
+        Some(*req)
+    }
+}
+
+async fn once<S>(svc: &S)
+where
+    S: Service<u64, Response = u64> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    svc.clone().oneshot(41).await.expect("happy path");
+}
+
+/// Runs `n` requests of `case`; `key` numbers fresh keys so every run is a new one.
+async fn run(case: &str, n: u64, routers: &Routers) {
+    let body = Bytes::from(vec![b'a'; 1024]);
+    for i in 0..n {
+        match case {
+            "bare" => call(&routers.bare, request("k", &body)).await,
+            "fresh" => call(&routers.layered, request(&format!("f-{i}"), &body)).await,
+            "replay" => call(&routers.layered, request("replayed", &body)).await,
+            "no_retry" => once(&inner()).await,
+            "tower_retry" => once(&routers.tower_retry).await,
+            "resilience_retry" => once(&routers.resilience).await,
+            "once_retry" => once(&routers.once_retry).await,
+            "tower_timeout" => once(&routers.tower_timeout).await,
+            "once_timeout" => once(&routers.once_timeout).await,
+            other => panic!("unknown case {other}; one of {CASES:?}"),
+        }
+    }
+}
+
+type BoxSvc = tower::util::BoxCloneSyncService<u64, u64, tower::BoxError>;
+
+struct Routers {
+    bare: Router,
+    layered: Router,
+    tower_retry: BoxSvc,
+    resilience: BoxSvc,
+    once_retry: BoxSvc,
+    tower_timeout: BoxSvc,
+    once_timeout: BoxSvc,
+}
+
+fn boxed<S>(svc: S) -> BoxSvc
+where
+    S: Service<u64, Response = u64> + Clone + Send + Sync + 'static,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    tower::util::BoxCloneSyncService::new(
+        tower::ServiceBuilder::new()
+            .map_err(Into::into)
+            .service(svc),
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let routers = rt.block_on(async {
+        Routers {
+            bare: Router::new().route("/charges", post(create)),
+            layered: Router::new()
+                .route("/charges", post(create))
+                .layer(IdempotencyLayer::new()),
+            tower_retry: boxed(tower::retry::RetryLayer::new(Attempts(3)).layer(inner())),
+            resilience: boxed(
+                tower_resilience::retry::RetryLayer::<u64, u64, Failed>::builder()
+                    .max_attempts(4)
+                    .exponential_backoff(Duration::from_millis(500))
+                    .build()
+                    .layer(inner()),
+            ),
+            once_retry: boxed(RetryLayer::new().layer(inner())),
+            tower_timeout: boxed(
+                tower::timeout::TimeoutLayer::new(Duration::from_secs(5)).layer(inner()),
+            ),
+            once_timeout: boxed(TimeoutLayer::new(Duration::from_secs(5)).layer(inner())),
+        }
+    });
+    // Warm every path (first-time allocations, the replayed record).
+    rt.block_on(async {
+        for case in CASES {
+            run(case, 2, &routers).await;
+        }
+    });
+    if let [case, n] = args.as_slice() {
+        // One case, uncounted: for callgrind (benches/callgrind.sh).
+        let n = n.parse().expect("a request count");
+        rt.block_on(run(case, n, &routers));
+        return;
+    }
+    const N: u64 = 1000;
+    println!(
+        "{:<18} {:>14} {:>14}",
+        "case", "allocs/request", "bytes/request"
+    );
+    for case in CASES {
+        let _profiler = dhat::Profiler::builder().testing().build();
+        let before = dhat::HeapStats::get();
+        rt.block_on(run(case, N, &routers));
+        let after = dhat::HeapStats::get();
+        println!(
+            "{:<18} {:>14.1} {:>14.0}",
+            case,
+            (after.total_blocks - before.total_blocks) as f64 / N as f64,
+            (after.total_bytes - before.total_bytes) as f64 / N as f64,
+        );
+    }
+}

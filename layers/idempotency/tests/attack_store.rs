@@ -1,0 +1,147 @@
+//! Attacks on the MemoryStore's byte bound and per-scope fairness (guarantee 4).
+//!
+//! FAILING tests demonstrate breaks; see the comment on each.
+
+use http::StatusCode;
+use std::time::Duration;
+use tower_once_idempotency::fingerprint::Fingerprint;
+use tower_once_idempotency::store::{
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, MemoryStore, RecordState, StoreKey,
+    StoredResponse,
+};
+
+const FP: Fingerprint = Fingerprint::from_bytes([9; 32]);
+const LEASE: Duration = Duration::from_secs(10);
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn key(n: u8, scope: &[u8]) -> StoreKey {
+    let mut bytes = [n; 32];
+    bytes[31] = scope.len() as u8;
+    StoreKey::from_bytes(bytes).with_scope(scope)
+}
+
+fn response(len: usize) -> Completion {
+    Completion::Response(StoredResponse::new(
+        StatusCode::OK,
+        Default::default(),
+        vec![b'x'; len].into(),
+    ))
+}
+
+async fn claim(store: &MemoryStore, key: StoreKey) -> ClaimToken {
+    let token = ClaimToken::new();
+    match store.claim(key, token, FP, LEASE).await {
+        Ok(ClaimOutcome::Claimed) => token,
+        other => panic!("expected a fresh claim, got {other:?}"),
+    }
+}
+
+async fn state(store: &MemoryStore, key: StoreKey) -> &'static str {
+    match store.claim(key, ClaimToken::new(), FP, LEASE).await {
+        Ok(ClaimOutcome::Claimed) => "absent (a retry would run the handler again)",
+        Ok(ClaimOutcome::Existing(r)) => match r.state {
+            RecordState::Completed(_) => "completed",
+            RecordState::NotReplayable => "not-replayable",
+            RecordState::InProgress { .. } => "in-progress",
+        },
+        Err(e) if e.is_full() => "full",
+        Err(_) => "error",
+    }
+}
+
+/// FAILS. Byte pressure evicts a *not-replayable* record, which holds zero bytes: evicting it
+/// frees nothing, and the key whose handler already ran becomes absent, so its retry runs the
+/// handler a second time. (Victims come from `ScopeUse::completed`, which also indexes
+/// not-replayable records; `do_complete`'s byte loop takes the oldest whatever its size.)
+#[tokio::test(start_paused = true)]
+async fn byte_pressure_evicts_a_zero_byte_not_replayable_record() {
+    // 10 entries: one shard, exact bounds.
+    let store = MemoryStore::builder()
+        .max_entries(10)
+        .max_bytes(1_000)
+        .build();
+    // A response too large to store was streamed: the key is kept as not replayable.
+    let streamed = key(1, b"");
+    let t = claim(&store, streamed).await;
+    assert!(store
+        .complete(streamed, t, Completion::NotReplayable, DAY)
+        .await
+        .unwrap());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // Two ordinary responses that do not fit together.
+    let y = key(2, b"");
+    let t = claim(&store, y).await;
+    assert!(store.complete(y, t, response(600), DAY).await.unwrap());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let z = key(3, b"");
+    let t = claim(&store, z).await;
+    assert!(store.complete(z, t, response(500), DAY).await.unwrap());
+    assert_eq!(
+        state(&store, streamed).await,
+        "not-replayable",
+        "a zero-byte record was evicted to make room for bytes"
+    );
+}
+
+/// FAILS. A scope flooding the store with in-progress claims (slow or hanging requests,
+/// renewed leases) holds the most, but has nothing evictable; `Shard::victim` then skips it and
+/// makes the *next* largest scope pay, so an ordinary third tenant's new key evicts tenant B's
+/// completed payment. "The scope holding the most pays" does not hold, and A's flood costs B
+/// its record.
+#[tokio::test(start_paused = true)]
+async fn an_in_progress_flood_makes_a_bystander_scope_pay() {
+    let store = MemoryStore::builder().max_entries(10).build();
+    let mut payments = Vec::new();
+    for n in 0..3 {
+        let k = key(10 + n, b"tenant-b");
+        let t = claim(&store, k).await;
+        assert!(store.complete(k, t, response(10), DAY).await.unwrap());
+        payments.push(k);
+    }
+    // Tenant A: six claims in progress (its handlers are slow; leases renewed).
+    for n in 0..6 {
+        claim(&store, key(20 + n, b"tenant-a")).await;
+    }
+    // Tenant C: ordinary traffic.
+    claim(&store, key(30, b"tenant-c")).await;
+    let _ = store
+        .claim(key(31, b"tenant-c"), ClaimToken::new(), FP, LEASE)
+        .await;
+    for p in &payments {
+        assert_eq!(
+            state(&store, *p).await,
+            "completed",
+            "tenant B (3 records) paid for room while tenant A held the most (6)"
+        );
+    }
+}
+
+/// HOLDS (kept as coverage): with many shards (max_entries >= 4096), a flood of fresh keys from
+/// one scope, completed, never evicts another scope's completed record in any shard.
+#[tokio::test(start_paused = true)]
+async fn multi_shard_flood_evicts_only_the_flooder() {
+    let store = MemoryStore::builder().max_entries(4_096).build();
+    let mut victims = Vec::new();
+    for n in 0..64u32 {
+        let mut bytes = [0u8; 32];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        bytes[4] = 0xbb;
+        let k = StoreKey::from_bytes(bytes).with_scope(b"tenant-b");
+        let t = claim(&store, k).await;
+        assert!(store.complete(k, t, response(10), DAY).await.unwrap());
+        victims.push(k);
+    }
+    for n in 0..6_000u32 {
+        let mut bytes = [0u8; 32];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        bytes[4] = 0xaa;
+        let k = StoreKey::from_bytes(bytes).with_scope(b"tenant-a");
+        let t = ClaimToken::new();
+        if let Ok(ClaimOutcome::Claimed) = store.claim(k, t, FP, LEASE).await {
+            store.complete(k, t, response(10), DAY).await.unwrap();
+        }
+    }
+    for v in &victims {
+        assert_eq!(state(&store, *v).await, "completed");
+    }
+}
