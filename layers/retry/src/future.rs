@@ -35,7 +35,6 @@ pin_project! {
         Calling { #[pin] future: F },
         Waiting { #[pin] sleep: Sleep },
         Readying,
-        Passthrough { #[pin] future: F },
         Done,
     }
 }
@@ -47,6 +46,9 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) config: Arc<Config<C, H>>,
     pub(crate) deadline: Deadline,
     pub(crate) attempt: u32,
+    /// Inside another retry layer's attempt: one attempt, bound by this layer's own deadline
+    /// when it is the shorter; the outer layer does the retrying.
+    pub(crate) nested: bool,
     pub(crate) previous_delay: Duration,
     /// Made on the first jittered wait: most operations never need one.
     pub(crate) rng: Option<fastrand::Rng>,
@@ -56,19 +58,12 @@ impl<S, Req, C, H> ResponseFuture<S, Req, C, H>
 where
     S: Service<Req>,
 {
-    pub(crate) fn new(first: S::Future, operation: Operation<S, Req, C, H>) -> Self {
+    /// The operation starts by waiting for the service to be ready, under its deadline.
+    pub(crate) fn new(operation: Operation<S, Req, C, H>) -> Self {
         Self {
-            state: State::Calling { future: first },
+            state: State::Readying,
             cutoff: None,
             operation: Some(operation),
-        }
-    }
-
-    pub(crate) fn passthrough(future: S::Future) -> Self {
-        Self {
-            state: State::Passthrough { future },
-            cutoff: None,
-            operation: None,
         }
     }
 }
@@ -82,6 +77,9 @@ where
     /// The wait before the next attempt, or why there is none.
     fn next_delay(&mut self, outcome: &Result<S::Response, S::Error>) -> Result<Duration, GiveUp> {
         let settings = &self.config.settings;
+        if self.nested {
+            return Err(GiveUp::NotRetryable);
+        }
         let after = match self.config.classifier.classify(outcome) {
             Action::Success | Action::Stop => return Err(GiveUp::NotRetryable),
             Action::Retry { after } => after,
@@ -156,13 +154,7 @@ where
         let mut this = self.project();
         loop {
             let Some(op) = this.operation.as_mut() else {
-                return match this.state.project() {
-                    StateProj::Passthrough { future } => Poll::Ready(
-                        ready!(future.poll(cx))
-                            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
-                    ),
-                    _ => panic!("ResponseFuture polled after completion"),
-                };
+                panic!("ResponseFuture polled after completion");
             };
             match this.state.as_mut().project() {
                 StateProj::Calling { future } => {
@@ -206,15 +198,15 @@ where
                         )));
                     }
                     op.attempt += 1;
-                    op.config.settings.stats.attempt();
+                    if !op.nested {
+                        op.config.settings.stats.attempt();
+                    }
                     let request = op.request.clone();
                     let service = &mut op.service;
                     let future = in_attempt(op.deadline, || service.call(request));
                     this.state.set(State::Calling { future });
                 }
-                StateProj::Passthrough { .. } | StateProj::Done => {
-                    panic!("ResponseFuture polled after completion")
-                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
     }

@@ -81,11 +81,15 @@ pub(crate) fn is_nested() -> bool {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct InAttempt;
 
+/// Starts an operation: its deadline is this layer's own or `outer`, whichever ends first. A
+/// `nested` operation (inside another layer's attempt) makes one attempt and is not counted:
+/// the outer layer counts and retries.
 pub(crate) fn start<S, Req, C, H>(
-    mut service: S,
+    service: S,
     req: Req,
     config: Arc<Config<C, H>>,
     outer: Option<Deadline>,
+    nested: bool,
 ) -> ResponseFuture<S, Req, C, H>
 where
     S: Service<Req>,
@@ -94,29 +98,27 @@ where
     let settings = &config.settings;
     // One clock reading serves the deadline and the budget: it is most of the happy path's cost.
     let now = tokio::time::Instant::now();
-    settings.stats.operation();
-    if let Some(budget) = &settings.budget {
-        budget.deposit_at(now);
+    if !nested {
+        settings.stats.operation();
+        if let Some(budget) = &settings.budget {
+            budget.deposit_at(now);
+        }
     }
     let own = Deadline::at(saturating_add(now, settings.deadline));
     let deadline = match outer {
         Some(outer) if outer < own => outer,
         _ => own,
     };
-    settings.stats.attempt();
-    let first = in_attempt(deadline, || service.call(req.clone()));
-    ResponseFuture::new(
-        first,
-        Operation {
-            service,
-            request: req,
-            config,
-            deadline,
-            attempt: 1,
-            previous_delay: Duration::ZERO,
-            rng: None,
-        },
-    )
+    ResponseFuture::new(Operation {
+        service,
+        request: req,
+        config,
+        deadline,
+        attempt: 0,
+        nested,
+        previous_delay: Duration::ZERO,
+        rng: None,
+    })
 }
 
 impl<S, Req, C, H> Service<Req> for Retry<S, C, H>
@@ -130,21 +132,25 @@ where
     type Error = RetryError<S::Error>;
     type Future = ResponseFuture<S, Req, C, H>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| RetryError::new(crate::GiveUp::NotRetryable, 0, e))
+    /// Always ready: the inner service's readiness is awaited inside the operation, under its
+    /// deadline, so a service that never becomes ready cannot hold a caller past it.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        if is_nested() {
-            tracing::trace!("nested RetryLayer: deferring to the outer one");
-            return ResponseFuture::passthrough(self.inner.call(req));
+        let nested = is_nested();
+        if nested {
+            tracing::trace!("nested RetryLayer: one attempt, the outer one retries");
         }
-        // The service in `self` was driven to readiness: the first attempt uses it.
-        let clone = self.inner.clone();
-        let service = std::mem::replace(&mut self.inner, clone);
-        start(service, req, Arc::clone(&self.config), Deadline::current())
+        let service = self.inner.clone();
+        start(
+            service,
+            req,
+            Arc::clone(&self.config),
+            Deadline::current(),
+            nested,
+        )
     }
 }
 

@@ -40,6 +40,9 @@ pin_project! {
     {
         #[pin]
         state: HttpState<S::Future, B, Core<S, B, C, H>>,
+        // The operation's deadline while the request body is being buffered.
+        #[pin]
+        cutoff: Option<Sleep>,
         pending: Option<Pending<S, C, H>>,
     }
 }
@@ -51,8 +54,6 @@ pin_project! {
         Retrying { #[pin] core: R },
         // One attempt, still bound by the operation's deadline.
         Once { #[pin] future: F, #[pin] cutoff: Sleep },
-        // Inside another retry layer's attempt: that layer owns the operation.
-        Passthrough { #[pin] future: F },
     }
 }
 
@@ -67,13 +68,7 @@ where
                 future,
                 cutoff: tokio::time::sleep_until(deadline.instant()),
             },
-            pending: None,
-        }
-    }
-
-    pub(super) fn passthrough(future: S::Future) -> Self {
-        Self {
-            state: HttpState::Passthrough { future },
+            cutoff: None,
             pending: None,
         }
     }
@@ -84,6 +79,7 @@ where
                 body: Some(Box::pin(body)),
                 collected: Collector::default(),
             },
+            cutoff: None,
             pending: Some(pending),
         }
     }
@@ -91,6 +87,7 @@ where
     pub(super) fn retrying(core: Core<S, B, C, H>) -> Self {
         Self {
             state: HttpState::Retrying { core },
+            cutoff: None,
             pending: None,
         }
     }
@@ -119,12 +116,6 @@ where
                     ready!(cutoff.poll(cx));
                     return Poll::Ready(Err(RetryError::deadline(1)));
                 }
-                HttpStateProj::Passthrough { future } => {
-                    return Poll::Ready(
-                        ready!(future.poll(cx))
-                            .map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
-                    );
-                }
                 HttpStateProj::Buffering { body, collected } => {
                     let (Some(stream), Some(pending)) = (body.as_mut(), this.pending.as_ref())
                     else {
@@ -132,12 +123,21 @@ where
                     };
                     // Request trailers are not replayed.
                     let mut trailers = None;
-                    let outcome = ready!(collected.poll_collect(
-                        stream.as_mut(),
-                        pending.limit,
-                        &mut trailers,
-                        cx
-                    ));
+                    let Poll::Ready(outcome) =
+                        collected.poll_collect(stream.as_mut(), pending.limit, &mut trailers, cx)
+                    else {
+                        // A request body that stalls is still inside the deadline.
+                        if this.cutoff.is_none() {
+                            let until = pending.deadline.instant();
+                            this.cutoff.set(Some(tokio::time::sleep_until(until)));
+                        }
+                        if let Some(cutoff) = this.cutoff.as_mut().as_pin_mut() {
+                            ready!(cutoff.poll(cx));
+                        }
+                        *this.pending = None;
+                        body.take();
+                        return Poll::Ready(Err(RetryError::deadline(0)));
+                    };
                     let Some(Pending {
                         service,
                         template,
@@ -162,7 +162,13 @@ where
                                 ..template
                             };
                             this.state.set(HttpState::Retrying {
-                                core: start(Rebuild::new(service), replay, config, Some(deadline)),
+                                core: start(
+                                    Rebuild::new(service),
+                                    replay,
+                                    config,
+                                    Some(deadline),
+                                    false,
+                                ),
                             });
                         }
                         (Collected::Over(data), Some(rest)) => {

@@ -71,11 +71,15 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if is_nested() || req.extensions().get::<InAttempt>().is_some() {
-            tracing::trace!("nested RetryLayer: deferring to the outer one");
-            return ResponseFuture::passthrough(self.inner.call(req.map(ReplayBody::streaming)));
-        }
         let deadline = operation_deadline(&self.config, &req);
+        if is_nested() || req.extensions().get::<InAttempt>().is_some() {
+            // One attempt, still bound by this layer's own deadline when it is the shorter.
+            tracing::trace!("nested RetryLayer: one attempt, the outer one retries");
+            let clone = self.inner.clone();
+            let service = std::mem::replace(&mut self.inner, clone);
+            let req = req.map(ReplayBody::streaming);
+            return ResponseFuture::once(call_once(service, req, deadline), deadline);
+        }
         let stampable = matches!(*req.method(), Method::POST | Method::PATCH);
         if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
             let key = uuid::Uuid::new_v4().hyphenated().to_string();
@@ -111,6 +115,7 @@ where
                 template,
                 config,
                 Some(deadline),
+                false,
             ));
         }
         ResponseFuture::buffering(
