@@ -26,10 +26,10 @@ pin_project! {
 /// streams, a stored or buffered response (with its trailers), or a buffered prefix followed
 /// by the rest of a response too large to store.
 ///
-/// A response too large to store keeps its key claimed while it streams (the lease is renewed
-/// as the body is polled); the key becomes *not replayable* when the body ends, or when the
-/// client stops reading it (the handler ran), and is released if the body fails, so that a
-/// retry runs again instead of getting `409` for a truncated answer.
+/// A response too large to store keeps its key claimed while it streams (a task renews the
+/// lease, whether or not the client reads); the key becomes *not replayable* when the body
+/// ends, or when the client drops it (the handler ran), and is released if the body fails, so
+/// that a retry runs again instead of getting `409` for a truncated answer.
 ///
 /// ```
 /// use http_body::Body as _;
@@ -47,8 +47,6 @@ pub struct ResponseBody<B: Body> {
 
 /// A claim whose fate depends on how a streaming response body ends.
 pub(crate) trait HeldClaim: Send + 'static {
-    /// Renews the claim's lease when due; registers `cx` to be woken for the next renewal.
-    fn poll_renew(&mut self, cx: &mut Context<'_>);
     /// The body ended: `kept` when cleanly or by the client leaving, not when it failed.
     fn end(self: Box<Self>, kept: bool);
 }
@@ -121,9 +119,6 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        if let Some(held) = this.held.0.as_mut() {
-            held.poll_renew(cx);
-        }
         let frame = ready!(this.inner.poll_frame(cx));
         match &frame {
             None => this.held.end(true),
