@@ -2,7 +2,6 @@
 //! processes (started by `tests/support`).
 #![cfg(feature = "redis")]
 
-#[allow(dead_code)]
 mod support;
 
 use bytes::Bytes;
@@ -56,13 +55,13 @@ where
     (status, replayed)
 }
 
-/// FAILS. The background release of a timed-out claim gives up after 4 tries
+/// Was a break found by the attack, now fixed. The background release of a timed-out claim gives up after 4 tries
 /// (`RELEASE_TRIES`/`RELEASE_PAUSE` in future/claim.rs, about 3 s with a 300 ms command
 /// timeout). When Redis is frozen longer than that, the claim still lands when it wakes up but
 /// nothing releases it any more, so the client's retry after the hiccup gets 409 for the whole
 /// lease (10 s) instead of running "within about 1-2 s".
 #[tokio::test]
-async fn a_freeze_longer_than_the_release_schedule_holds_the_key_for_a_lease() {
+async fn a_freeze_longer_than_the_release_schedule_frees_the_key_soon_after() {
     freeze_then_retry(false).await;
 }
 
@@ -130,7 +129,7 @@ async fn freeze_then_retry(warm_release: bool) {
     assert_eq!(runs.load(SeqCst), 2);
 }
 
-/// FAILS. The same `NOSCRIPT` hole on the completion path, where it costs a second run of the
+/// Was a break found by the attack, now fixed. The same `NOSCRIPT` hole on the completion path, where it costs a second run of the
 /// handler. On a Redis whose script cache is empty (a fresh server, a restart or a failover to a
 /// replica), the first request claims (the claim script is loaded inside that command's future),
 /// its handler runs, and Redis stalls just as it finishes: `EVALSHA complete` times out (the
@@ -139,7 +138,7 @@ async fn freeze_then_retry(warm_release: bool) {
 /// lapses and the client's retry runs the handler again. Control: the same with the complete
 /// script already cached stores the response (see the next test).
 #[tokio::test]
-async fn a_stall_at_completion_on_a_cold_script_cache_runs_the_handler_twice() {
+async fn a_stall_at_completion_on_a_cold_script_cache_runs_the_handler_once() {
     assert_eq!(stall_at_completion(false).await, 1, "the handler ran twice");
 }
 
@@ -206,13 +205,13 @@ async fn stall_at_completion(cached: bool) -> usize {
     runs.load(SeqCst)
 }
 
-/// FAILS. A connection reset (Redis `CLIENT KILL`, a proxy or failover dropping connections)
+/// Was a break found by the attack, now fixed. A connection reset (Redis `CLIENT KILL`, a proxy or failover dropping connections)
 /// just as the handler finishes: the single `complete` command fails on the dead connection and
 /// is never retried (`ClaimGuard::complete` / `poll_finish`, future/claim.rs: one attempt; the
 /// release path gets four). The response is not stored, the record stays in progress until its
 /// lease ends, and the client's retry then runs the handler a second time.
 #[tokio::test]
-async fn a_connection_reset_at_completion_runs_the_handler_twice() {
+async fn a_connection_reset_at_completion_runs_the_handler_once() {
     let redis = RedisServer::start();
     let store = RedisStore::connect_with_timeout(&redis.url(), Duration::from_millis(500))
         .await

@@ -87,13 +87,13 @@ async fn axum_rejections_release_and_the_layers_own_422_is_distinct() {
     assert_eq!(runs.load(SeqCst), 1);
 }
 
-/// FAILS — a policy gap rather than a contradiction of the documented list (400, 415, 422):
+/// Was a gap found by the attack, now fixed — a policy gap rather than a contradiction of the documented list (400, 415, 422):
 /// axum's own 413 from a route's `DefaultBodyLimit` (smaller than the layer's 1 MiB) is a
 /// framework rejection made before the handler runs, exactly like 415, but it is stored; the
 /// client that fixes its request (a smaller body) and resends with the same key gets the
 /// layer's 422 fingerprint mismatch for the whole retention and can never succeed with it.
 #[tokio::test]
-async fn axums_own_413_is_stored_and_the_fixed_resend_is_refused() {
+async fn axums_own_413_is_released_and_the_fixed_resend_runs() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = app(runs.clone());
     let json = Some("application/json");

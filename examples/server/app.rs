@@ -123,7 +123,17 @@ const TENANT_HEADER: &str = "x-tenant-id";
 const ANONYMOUS: &str = "anonymous";
 
 /// The demo router: `POST /charges` (key required, scoped by `X-Tenant-Id`), `GET /charges`.
+#[allow(dead_code)] // the tests build it; the server binary also waits on its `Detached`
 pub(crate) fn router<St: IdempotencyStore>(store: St, lease: Duration, ledger: Ledger) -> Router {
+    router_and_detached(store, lease, ledger).0
+}
+
+/// The demo router and the handle to wait for handlers whose clients left, at shutdown.
+pub(crate) fn router_and_detached<St: IdempotencyStore>(
+    store: St,
+    lease: Duration,
+    ledger: Ledger,
+) -> (Router, tower_once::idempotency::Detached) {
     let idempotency = IdempotencyLayer::with_store(store)
         .require_key(true)
         .lease(lease)
@@ -133,11 +143,13 @@ pub(crate) fn router<St: IdempotencyStore>(store: St, lease: Duration, ledger: L
                 .get(TENANT_HEADER)
                 .map_or_else(|| ANONYMOUS.as_bytes().to_vec(), |v| v.as_bytes().to_vec())
         });
-    Router::new()
+    let detached = idempotency.detached();
+    let router = Router::new()
         .route("/charges", post(create_charge).get(list_charges))
         .with_state(ledger)
         .layer(idempotency)
-        .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn(log_request));
+    (router, detached)
 }
 
 async fn create_charge(

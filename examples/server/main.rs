@@ -66,7 +66,7 @@ async fn main() -> ExitCode {
     };
     let (app, store) = match &args.redis {
         None => (
-            app::router(MemoryStore::new(), args.lease, app::Ledger::memory()),
+            app::router_and_detached(MemoryStore::new(), args.lease, app::Ledger::memory()),
             "memory",
         ),
         Some(url) => match redis_app(url, args.lease).await {
@@ -86,12 +86,15 @@ async fn main() -> ExitCode {
     };
     let local = listener.local_addr().map_or(args.addr, |a| a);
     tracing::info!(target: "server", addr = %local, store, "listening");
-    match axum::serve(listener, app)
+    let (app, detached) = app;
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await
-    {
+        .await;
+    // Handlers whose clients left still run: let them finish (bounded) before exiting.
+    let _ = tokio::time::timeout(Duration::from_secs(30), detached.wait()).await;
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("server error: {e}");
@@ -102,16 +105,22 @@ async fn main() -> ExitCode {
 
 /// The router on a Redis store and a Redis ledger, sharing one reconnecting connection.
 #[cfg(feature = "redis")]
-async fn redis_app(url: &str, lease: Duration) -> Result<axum::Router, String> {
+async fn redis_app(
+    url: &str,
+    lease: Duration,
+) -> Result<(axum::Router, tower_once::idempotency::Detached), String> {
     use tower_once::idempotency::store::redis::RedisStore;
     let store = RedisStore::connect(url)
         .await
         .map_err(|e| format!("--redis {url}: {e}"))?;
     let ledger = app::Ledger::Redis(store.connection().clone());
-    Ok(app::router(store, lease, ledger))
+    Ok(app::router_and_detached(store, lease, ledger))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis_app(_url: &str, _lease: Duration) -> Result<axum::Router, String> {
+async fn redis_app(
+    _url: &str,
+    _lease: Duration,
+) -> Result<(axum::Router, tower_once::idempotency::Detached), String> {
     Err("--redis needs the redis feature: cargo run --example server --features redis -- --redis URL".into())
 }

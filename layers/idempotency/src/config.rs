@@ -19,6 +19,8 @@ pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3
 #[derive(Clone)]
 pub(crate) struct Config<F, P> {
     pub(crate) settings: Settings,
+    /// Work finished on tasks of its own, shared by every service of one layer.
+    pub(crate) detached: crate::Detached,
     pub(crate) fingerprinter: F,
     pub(crate) predicate: P,
 }

@@ -74,6 +74,7 @@ impl<St> IdempotencyLayer<St> {
             scope: (),
             config: Config {
                 settings: Settings::default(),
+                detached: Default::default(),
                 fingerprinter: Sha256Fingerprint,
                 predicate: DefaultPredicate,
             },
@@ -89,6 +90,12 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             scope: self.scope,
             config: self.config,
         }
+    }
+
+    /// The handlers (and streamed responses) this layer finishes on tasks of their own after
+    /// their clients left: wait for them at shutdown. See [`Detached`](crate::Detached).
+    pub fn detached(&self) -> crate::Detached {
+        self.config.detached.clone()
     }
 
     /// The store this layer uses.
@@ -285,6 +292,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             scope: self.scope,
             config: Config {
                 settings: c.settings,
+                detached: c.detached,
                 fingerprinter,
                 predicate: c.predicate,
             },
@@ -302,6 +310,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             scope: self.scope,
             config: Config {
                 settings: c.settings,
+                detached: c.detached,
                 predicate,
                 fingerprinter: c.fingerprinter,
             },

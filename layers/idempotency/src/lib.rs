@@ -129,6 +129,7 @@
 
 mod body;
 mod config;
+mod detached;
 pub mod fingerprint;
 mod future;
 pub mod key;
@@ -142,6 +143,7 @@ pub mod store;
 
 pub use self::body::{RequestBody, ResponseBody};
 pub use self::config::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use self::detached::Detached;
 pub use self::future::ResponseFuture;
 pub use self::layer::IdempotencyLayer;
 pub use self::service::Idempotency;

@@ -49,6 +49,11 @@ impl<S, St, Sc, F, P> Idempotency<S, St, Sc, F, P> {
         self.inner
     }
 
+    /// The work this service finishes on tasks of its own: see [`Detached`](crate::Detached).
+    pub fn detached(&self) -> crate::Detached {
+        self.config.detached.clone()
+    }
+
     /// The store this service uses.
     pub fn store_ref(&self) -> &St {
         &self.store

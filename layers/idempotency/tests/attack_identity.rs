@@ -55,12 +55,12 @@ where
     )
 }
 
-/// FAILS. axum routes `/accounts/%61/charges` to the same handler as `/accounts/a/charges`
+/// Was a break found by the attack, now fixed. axum routes `/accounts/%61/charges` to the same handler as `/accounts/a/charges`
 /// (the `Path` extractor percent-decodes `%61` to `a`), so it is the same resource; but the
 /// record identity hashes the raw `OriginalUri` path (store/mod.rs `addressed_path`), so the same
 /// key and body make the charge on account `a` twice.
 #[tokio::test]
-async fn a_percent_encoded_path_is_the_same_resource_but_a_separate_record() {
+async fn a_percent_encoded_path_is_the_same_resource_and_the_same_record() {
     let runs = Runs::default();
     let api = Router::new()
         .route("/charges", charges(runs.clone()))
@@ -77,7 +77,7 @@ async fn a_percent_encoded_path_is_the_same_resource_but_a_separate_record() {
     );
 }
 
-/// FAILS if axum routes both spellings; the same without `nest` (a plain route with the layer).
+/// Was a break found by the attack, now fixed: holds if axum routes both spellings; the same without `nest` (a plain route with the layer).
 #[tokio::test]
 async fn a_percent_encoded_path_without_nest_is_a_separate_record_too() {
     let runs = Runs::default();

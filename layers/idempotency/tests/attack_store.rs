@@ -49,12 +49,12 @@ async fn state(store: &MemoryStore, key: StoreKey) -> &'static str {
     }
 }
 
-/// FAILS. Byte pressure evicts a *not-replayable* record, which holds zero bytes: evicting it
+/// Was a break found by the attack, now fixed. Byte pressure evicts a *not-replayable* record, which holds zero bytes: evicting it
 /// frees nothing, and the key whose handler already ran becomes absent, so its retry runs the
 /// handler a second time. (Victims come from `ScopeUse::completed`, which also indexes
 /// not-replayable records; `do_complete`'s byte loop takes the oldest whatever its size.)
 #[tokio::test(start_paused = true)]
-async fn byte_pressure_evicts_a_zero_byte_not_replayable_record() {
+async fn byte_pressure_never_evicts_a_zero_byte_not_replayable_record() {
     // 10 entries: one shard, exact bounds.
     let store = MemoryStore::builder()
         .max_entries(10)
@@ -83,13 +83,13 @@ async fn byte_pressure_evicts_a_zero_byte_not_replayable_record() {
     );
 }
 
-/// FAILS. A scope flooding the store with in-progress claims (slow or hanging requests,
+/// Was a break found by the attack, now fixed. A scope flooding the store with in-progress claims (slow or hanging requests,
 /// renewed leases) holds the most, but has nothing evictable; `Shard::victim` then skips it and
 /// makes the *next* largest scope pay, so an ordinary third tenant's new key evicts tenant B's
 /// completed payment. "The scope holding the most pays" does not hold, and A's flood costs B
 /// its record.
 #[tokio::test(start_paused = true)]
-async fn an_in_progress_flood_makes_a_bystander_scope_pay() {
+async fn an_in_progress_flood_never_makes_a_bystander_scope_pay() {
     let store = MemoryStore::builder().max_entries(10).build();
     let mut payments = Vec::new();
     for n in 0..3 {

@@ -47,13 +47,13 @@ fn post() -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// FAILS. A response over the store limit is "kept claimed (renewed) while streaming", but the
+/// Was a break found by the attack, now fixed. A response over the store limit is "kept claimed (renewed) while streaming", but the
 /// renewal only happens inside `ResponseBody::poll_frame` (body.rs, `held.poll_renew`). A client
 /// that stops reading without leaving (hyper does not poll a body while the socket's send
 /// buffer is full; HTTP/2 flow control likewise) leaves the body unpolled: the lease lapses
 /// while the first response is still being delivered, and a duplicate runs the handler again.
 #[tokio::test(start_paused = true)]
-async fn an_unread_streaming_body_loses_its_claim_and_the_duplicate_runs() {
+async fn an_unread_streaming_body_keeps_its_claim() {
     let runs = Arc::new(AtomicUsize::new(0));
     let svc = IdempotencyLayer::with_store(MemoryStore::new())
         .response_limit(16)

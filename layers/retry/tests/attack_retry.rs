@@ -29,12 +29,12 @@ impl Service<u32> for NeverReady {
     }
 }
 
-/// FAILS. "The deadline ends the operation whatever is below (incl. poll_ready hanging, Buffer
+/// Was a break found by the attack, now fixed. "The deadline ends the operation whatever is below (incl. poll_ready hanging, Buffer
 /// full)": only the readiness *between* attempts is cut (future.rs `Readying`). The first
 /// readiness goes straight to the inner service (`Retry::poll_ready`, service.rs) and the
 /// deadline is only fixed in `call`, so `oneshot` on a never-ready service never ends.
 #[tokio::test(start_paused = true)]
-async fn the_deadline_does_not_cover_the_first_poll_ready() {
+async fn the_deadline_covers_the_first_poll_ready() {
     let svc = RetryLayer::new()
         .deadline(Duration::from_secs(1))
         .layer(NeverReady);
@@ -84,7 +84,7 @@ fn failing(
     })
 }
 
-/// FAILS. CHANGELOG: "nesting is detected across deferred calls and `Buffer`". For any request
+/// A documented limit found by the attack (ignored below). For any request
 /// type other than `http::Request` the only mark is the thread-local `IN_ATTEMPT`
 /// (service.rs), which does not reach a `Buffer`'s worker task: 4 x 4 = 16 calls.
 #[tokio::test(start_paused = true)]
@@ -98,7 +98,7 @@ async fn generic_nested_retry_behind_a_buffer_multiplies() {
     assert_eq!(calls.load(SeqCst), 4, "4 attempts, not 4 x 4");
 }
 
-/// FAILS. The same through `tokio::spawn` (a service that hands the call to a task).
+/// A documented limit (ignored below): the same through `tokio::spawn` (a service that hands the call to a task).
 #[tokio::test(start_paused = true)]
 #[ignore = "documented limit (retry crate docs, 'What crosses a Buffer'): a generic request carries no mark"]
 async fn generic_nested_retry_through_a_spawn_multiplies() {
@@ -146,12 +146,12 @@ async fn http_nested_retry_through_a_spawn_defers() {
     assert_eq!(calls.load(SeqCst), 4);
 }
 
-/// FAILS (panics). "Duration::MAX never panics" was fixed for `RetryLayer::deadline` and
+/// Was a break found by the attack (it panicked), now fixed. "Duration::MAX never panics" was fixed for `RetryLayer::deadline` and
 /// `Deadline::after`, but the `TimeoutLayer` that sits below it computes `now + limit`
 /// unchecked (tower-once-timeout timeout.rs `Budget::new`): `TimeoutLayer::new(Duration::MAX)`
 /// ("no per-attempt limit, only the operation's deadline") panics on the first call.
 #[tokio::test(start_paused = true)]
-async fn timeout_layer_with_duration_max_panics_under_a_retry() {
+async fn timeout_layer_with_duration_max_does_not_panic_under_a_retry() {
     let ok = tower::service_fn(|req: u32| async move { Ok::<_, &str>(req) });
     let svc = RetryLayer::new()
         .deadline(Duration::from_secs(5))
@@ -189,11 +189,11 @@ async fn a_nested_layers_own_shorter_deadline_bounds_each_call_through_it() {
     );
 }
 
-/// FAILS. The HTTP form fixes the operation's deadline in `call`, then buffers the request body
+/// Was a break found by the attack, now fixed. The HTTP form fixes the operation's deadline in `call`, then buffers the request body
 /// (`HttpState::Buffering`, http.rs) with no cutoff: a request body that stalls (an upload fed
 /// from a channel whose producer hangs) keeps the operation pending past its deadline, for ever.
 #[tokio::test(start_paused = true)]
-async fn a_stalled_request_body_is_outside_the_deadline() {
+async fn a_stalled_request_body_is_inside_the_deadline() {
     type Frames =
         futures_util::stream::BoxStream<'static, Result<http_body::Frame<Bytes>, Infallible>>;
     let ok = tower::service_fn(

@@ -262,10 +262,11 @@ impl StreamingClaim {
         claim: ClaimGuard<St>,
         lease: Duration,
         retention: Duration,
+        detached: &crate::Detached,
     ) -> Self {
         let (store, key, token) = claim.disarm();
         let (end, ended) = tokio::sync::oneshot::channel();
-        spawn_or_warn(hold(store, key, token, lease, retention, ended));
+        detached.spawn(hold(store, key, token, lease, retention, ended));
         Self { end: Some(end) }
     }
 }
@@ -297,7 +298,9 @@ async fn hold<St: IdempotencyStore>(
                     tracing::warn!("the claim of a streaming response was lost");
                     return;
                 }
-                Err(error) => tracing::warn!(%error, "failed to renew the claim of a streaming response; will retry"),
+                Err(error) => {
+                    tracing::warn!(%error, "failed to renew the claim of a streaming response; will retry")
+                }
             },
         }
     };

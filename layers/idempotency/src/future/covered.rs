@@ -84,6 +84,10 @@ where
     fn must_finish(&self) -> bool {
         matches!(self.state, State::Run { .. } | State::ReadResponse { .. })
     }
+
+    fn detached(&self) -> &crate::Detached {
+        &self.ctx.config.detached
+    }
 }
 
 impl<S, ReqB, ResB, St, F, P> Future for CoveredFuture<S, ReqB, ResB, St, F, P>

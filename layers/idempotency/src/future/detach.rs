@@ -1,7 +1,6 @@
 //! Moving a covered request's future to a task of its own when the request is dropped while
 //! its handler runs.
 
-use super::claim;
 use super::POLLED_AFTER_COMPLETION;
 use std::future::Future;
 use std::pin::Pin;
@@ -15,9 +14,11 @@ pub(super) struct Detach<Fut: MustFinish> {
     finish: Option<fn(Pin<Box<Fut>>)>,
 }
 
-/// A future that knows whether dropping it now would lose work already started.
+/// A future that knows whether dropping it now would lose work already started, and where
+/// such work is counted.
 pub(super) trait MustFinish {
     fn must_finish(&self) -> bool;
+    fn detached(&self) -> &crate::Detached;
 }
 
 impl<Fut: MustFinish + Future + Send + 'static> Detach<Fut> {
@@ -29,9 +30,10 @@ impl<Fut: MustFinish + Future + Send + 'static> Detach<Fut> {
     }
 }
 
-fn finish_on_task<Fut: Future + Send + 'static>(future: Pin<Box<Fut>>) {
+fn finish_on_task<Fut: MustFinish + Future + Send + 'static>(future: Pin<Box<Fut>>) {
     tracing::debug!("request dropped while its handler runs; finishing it on a task of its own");
-    claim::spawn_or_warn(async move {
+    let detached = future.detached().clone();
+    detached.spawn(async move {
         let _ = future.await;
     });
 }

@@ -278,6 +278,7 @@ where
                             claim,
                             settings.lease,
                             settings.retention,
+                            &self.config.detached,
                         )),
                     ),
                     None => ResponseBody::from_buffered(prefixed),

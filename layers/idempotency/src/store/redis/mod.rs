@@ -236,49 +236,99 @@ where
         let shared = Arc::clone(&self.shared);
         let redis_key = self.redis_key(key);
         Box::pin(async move {
-            let mut invocation = match &call {
-                Call::Claim(..) => shared.claim.key(&redis_key),
-                Call::Complete(..) => shared.complete.key(&redis_key),
-                Call::Release(..) => shared.release.key(&redis_key),
-                Call::Extend(..) => shared.extend.key(&redis_key),
-            };
-            match call {
-                Call::Claim(token, fingerprint, lease) => invocation
-                    .arg(token.as_uuid().as_bytes().as_slice())
-                    .arg(fingerprint.as_bytes().as_slice())
-                    .arg(millis(lease)),
-                Call::Complete(token, completion, retention) => {
-                    invocation
-                        .arg(token.as_uuid().as_bytes().as_slice())
-                        .arg(millis(retention));
-                    match completion {
-                        Completion::Response(response) => invocation
-                            .arg("c")
-                            .arg(response.status.as_u16())
-                            .arg(encode_headers(&response.headers)?)
-                            .arg(response.body.as_ref())
-                            .arg(match &response.trailers {
-                                Some(trailers) => encode_headers(trailers)?,
-                                None => Vec::new(),
-                            }),
-                        Completion::NotReplayable => invocation.arg("n"),
-                    }
-                }
-                Call::Release(token) => invocation.arg(token.as_uuid().as_bytes().as_slice()),
-                Call::Extend(token, lease) => invocation
-                    .arg(token.as_uuid().as_bytes().as_slice())
-                    .arg(millis(lease)),
-            };
-            let value = tokio::time::timeout(
-                shared.timeout,
-                invocation.invoke_async::<Value>(&mut connection),
-            )
-            .await
-            .map_err(|_| StoreError::timeout())?
-            .map_err(StoreError::unavailable)?;
-            decode(value)
+            let outcome = invoke(&shared, &mut connection, &redis_key, &call).await;
+            if outcome.is_err() && matches!(call, Call::Complete(..) | Call::Release(..)) {
+                // NOTE: a timed-out command may still run, fail with NOSCRIPT (the reload
+                // redis-rs would do happened in the future the timeout dropped), or be lost
+                // with its connection. A completion or release left undone holds the key for
+                // a whole lease, or lets a duplicate run the handler twice; both are fenced by
+                // the claim's token, so sending them again is safe.
+                tokio::spawn(finish_later(shared, connection, redis_key, call));
+            }
+            decode(outcome?)
         })
     }
+}
+
+/// Sends one script call, bounded by the command timeout.
+async fn invoke<C: ConnectionLike>(
+    shared: &Shared,
+    connection: &mut C,
+    redis_key: &str,
+    call: &Call,
+) -> Result<Value, StoreError> {
+    let mut invocation = match call {
+        Call::Claim(..) => shared.claim.key(redis_key),
+        Call::Complete(..) => shared.complete.key(redis_key),
+        Call::Release(..) => shared.release.key(redis_key),
+        Call::Extend(..) => shared.extend.key(redis_key),
+    };
+    match call {
+        Call::Claim(token, fingerprint, lease) => invocation
+            .arg(token.as_uuid().as_bytes().as_slice())
+            .arg(fingerprint.as_bytes().as_slice())
+            .arg(millis(*lease)),
+        Call::Complete(token, completion, retention) => {
+            invocation
+                .arg(token.as_uuid().as_bytes().as_slice())
+                .arg(millis(*retention));
+            match completion {
+                Completion::Response(response) => invocation
+                    .arg("c")
+                    .arg(response.status.as_u16())
+                    .arg(encode_headers(&response.headers)?)
+                    .arg(response.body.as_ref())
+                    .arg(match &response.trailers {
+                        Some(trailers) => encode_headers(trailers)?,
+                        None => Vec::new(),
+                    }),
+                Completion::NotReplayable => invocation.arg("n"),
+            }
+        }
+        Call::Release(token) => invocation.arg(token.as_uuid().as_bytes().as_slice()),
+        Call::Extend(token, lease) => invocation
+            .arg(token.as_uuid().as_bytes().as_slice())
+            .arg(millis(*lease)),
+    };
+    tokio::time::timeout(shared.timeout, invocation.invoke_async::<Value>(connection))
+        .await
+        .map_err(|_| StoreError::timeout())?
+        .map_err(StoreError::unavailable)
+}
+
+/// Waits between the background tries of a completion or release: about 9 s in all, most of
+/// a default lease.
+const FINISH_LATER: [Duration; 7] = [
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+    Duration::from_secs(2),
+    Duration::from_secs(2),
+    Duration::from_secs(2),
+];
+
+/// Sends a completion or release again until Redis answers (it is fenced by the token: if the
+/// first one did land, this one finds the record no longer ours and changes nothing).
+async fn finish_later<C: ConnectionLike>(
+    shared: Arc<Shared>,
+    mut connection: C,
+    redis_key: String,
+    call: Call,
+) {
+    for pause in FINISH_LATER {
+        tokio::time::sleep(pause).await;
+        match invoke(&shared, &mut connection, &redis_key, &call).await {
+            Ok(_) => {
+                tracing::debug!("a completion or release that had failed went through");
+                return;
+            }
+            Err(error) => tracing::debug!(%error, "retrying a failed completion or release"),
+        }
+    }
+    tracing::warn!(
+        "gave up finishing a claim in Redis; the key frees itself when its lease expires"
+    );
 }
 
 impl<C> IdempotencyStore for RedisStore<C>

@@ -1,0 +1,112 @@
+//! Handlers finishing on tasks of their own, and waiting for them at shutdown.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// The work a layer finishes on tasks of its own: handlers whose clients went away (they run to
+/// completion so their effect is not repeated by the retry) and streamed responses whose claim
+/// is held until the body ends.
+///
+/// A server shutting down gracefully waits for its connections, and these have none left: wait
+/// for them too, after the server stopped and before the process exits, or a rolling deploy
+/// can cut a handler half-way.
+///
+/// ```no_run
+/// # async fn run(listener: tokio::net::TcpListener) -> std::io::Result<()> {
+/// use axum::{routing::post, Router};
+/// use std::time::Duration;
+/// use tower_once_idempotency::IdempotencyLayer;
+///
+/// let layer = IdempotencyLayer::new();
+/// let detached = layer.detached();
+/// let app = Router::new()
+///     .route("/charges", post(|| async { "charged" }))
+///     .layer(layer);
+/// axum::serve(listener, app)
+///     .with_graceful_shutdown(async { /* SIGTERM */ })
+///     .await?;
+/// // Bounded, like the rest of a shutdown.
+/// let _ = tokio::time::timeout(Duration::from_secs(30), detached.wait()).await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Detached {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    running: AtomicUsize,
+    idle: Notify,
+}
+
+impl Detached {
+    /// How many such tasks are running now.
+    pub fn running(&self) -> usize {
+        self.inner.running.load(Ordering::Acquire)
+    }
+
+    /// Completes once no such task is running.
+    pub async fn wait(&self) {
+        loop {
+            let idle = self.inner.idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            idle.as_mut().enable();
+            if self.running() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Runs `work` on a task of its own, counted until it ends.
+    pub(crate) fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "no tokio runtime to finish idempotency work on; the key frees itself when its \
+                 lease expires"
+            );
+            return;
+        };
+        self.inner.running.fetch_add(1, Ordering::AcqRel);
+        let done = Done(Arc::clone(&self.inner));
+        handle.spawn(async move {
+            let _done = done; // counts down even if `work` panics
+            work.await;
+        });
+    }
+}
+
+/// Counts a task down when it ends, however it ends.
+struct Done(Arc<Inner>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_returns_once_every_task_ended() {
+        let detached = Detached::default();
+        detached.wait().await; // nothing running: at once
+        for ms in [10, 50] {
+            detached.spawn(tokio::time::sleep(Duration::from_millis(ms)));
+        }
+        assert_eq!(detached.running(), 2);
+        let started = tokio::time::Instant::now();
+        detached.wait().await;
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+        assert_eq!(detached.running(), 0);
+    }
+}
