@@ -14,6 +14,8 @@
 //! - [`retry`] (feature `retry`): classified retries with jittered backoff, `Retry-After`, one
 //!   deadline across attempts and a shared retry budget, for any service whose requests are
 //!   `Clone`. Replaying non-`Clone` HTTP bodies and idempotency-key stamping are not there yet.
+//! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
+//!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
 //!
 //! # Example
 //!
@@ -100,6 +102,7 @@
 //! | `retry`       | no      | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | no      | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
+//! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`) |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `full`        | no      | all of the above |
 //!
@@ -138,6 +141,10 @@ pub use tower_once_retry as retry;
 #[cfg(feature = "timeout")]
 #[doc(inline)]
 pub use tower_once_timeout as timeout;
+
+#[cfg(feature = "worker")]
+#[doc(inline)]
+pub use tower_once_worker as worker;
 
 /// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
 #[cfg(doctest)]

@@ -1,0 +1,401 @@
+//! The worker: reads and takes over entries, runs them on the handler service, and stops
+//! gracefully.
+
+use crate::classify::JobClassifier;
+use crate::config::{ConfigError, WorkerConfig};
+use crate::consume::{self, Ctx};
+use crate::error::WorkerError;
+use crate::job::Job;
+use crate::metrics::JobOutcome;
+use crate::streams::{self, Entry};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::Value;
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower_once_retry::classify::Classify;
+use tower_service::Service;
+
+/// A Redis Streams consumer that runs each entry on a `tower::Service<Job>`. See the
+/// [crate docs](crate) for the semantics.
+pub struct Worker<S, C = JobClassifier, Conn = ConnectionManager> {
+    config: WorkerConfig,
+    service: S,
+    classifier: C,
+    reader: Conn,
+    conn: Conn,
+}
+
+impl<S, C, Conn> fmt::Debug for Worker<S, C, Conn> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("config", &self.config)
+            .field("service", &std::any::type_name::<S>())
+            .field("classifier", &std::any::type_name::<C>())
+            .field("connection", &std::any::type_name::<Conn>())
+            .finish()
+    }
+}
+
+impl<S> Worker<S> {
+    /// A worker on one Redis server, e.g. `redis://127.0.0.1:6379`. It opens two reconnecting
+    /// connections (one for the blocking `XREADGROUP`, one for everything else) lazily, so it
+    /// starts while Redis is down and recovers on its own after a restart.
+    pub fn connect(url: &str, config: WorkerConfig, service: S) -> Result<Self, WorkerError> {
+        config.validate().map_err(WorkerError::config)?;
+        let client = redis::Client::open(url)?;
+        let timeout = config.command_timeout;
+        let manager = |response: Duration| {
+            let c = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(response))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_secs(1));
+            ConnectionManager::new_lazy_with_config(client.clone(), c)
+        };
+        let reader = manager(config.effective_block() + timeout)?;
+        let conn = manager(timeout)?;
+        Self::new(config, reader, conn, service).map_err(WorkerError::config)
+    }
+}
+
+impl<S> Worker<S, JobClassifier, ClusterConnection> {
+    /// A worker on a Redis Cluster, through any of its nodes. Name the stream with a hash tag
+    /// (`{jobs}`) so it and its dead-letter stream share a slot.
+    pub async fn connect_cluster<I, T>(
+        nodes: I,
+        config: WorkerConfig,
+        service: S,
+    ) -> Result<Self, WorkerError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        config.validate().map_err(WorkerError::config)?;
+        let nodes: Vec<redis::ConnectionInfo> = nodes
+            .into_iter()
+            .map(redis::IntoConnectionInfo::into_connection_info)
+            .collect::<Result<_, _>>()?;
+        let timeout = config.command_timeout;
+        let connect = |response: Duration| {
+            let nodes = nodes.clone();
+            async move {
+                redis::cluster::ClusterClientBuilder::new(nodes)
+                    .connection_timeout(timeout)
+                    .response_timeout(response)
+                    .build()?
+                    .get_async_connection()
+                    .await
+            }
+        };
+        let reader = connect(config.effective_block() + timeout).await?;
+        let conn = connect(timeout).await?;
+        Self::new(config, reader, conn, service).map_err(WorkerError::config)
+    }
+}
+
+impl<S, Conn> Worker<S, JobClassifier, Conn> {
+    /// A worker over two connections of any kind: `reader` carries only the blocking
+    /// `XREADGROUP` (its response timeout must exceed [`WorkerConfig::effective_block`]),
+    /// `conn` everything else. Checks the config.
+    pub fn new(
+        config: WorkerConfig,
+        reader: Conn,
+        conn: Conn,
+        service: S,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            service,
+            classifier: JobClassifier,
+            reader,
+            conn,
+        })
+    }
+}
+
+impl<S, C, Conn> Worker<S, C, Conn> {
+    /// Classifies outcomes with `classifier` instead of [`JobClassifier`].
+    pub fn classify<C2>(self, classifier: C2) -> Worker<S, C2, Conn> {
+        Worker {
+            config: self.config,
+            service: self.service,
+            classifier,
+            reader: self.reader,
+            conn: self.conn,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Runs until `shutdown` completes, then stops reading, waits up to the shutdown grace for
+    /// in-flight jobs and returns what happened. Redis errors never end the run: the worker
+    /// backs off (up to 5 s) and tries again, recreating the group if Redis lost it.
+    pub async fn run<F>(self, shutdown: F) -> RunReport
+    where
+        F: Future<Output = ()>,
+        S: Service<Job> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Response: Send + 'static,
+        S::Error: fmt::Display + Send + 'static,
+        C: Classify<S::Response, S::Error> + Send + Sync + 'static,
+        Conn: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let config = self.config;
+        let concurrency = config.concurrency;
+        let (acks, ack_rx) = mpsc::channel(concurrency);
+        let acker = tokio::spawn(consume::ack_loop(
+            self.conn.clone(),
+            config.clone(),
+            ack_rx,
+            concurrency.max(64),
+        ));
+        let ctx = Arc::new(Ctx {
+            config,
+            classifier: self.classifier,
+            conn: self.conn,
+            in_flight: Mutex::new(HashSet::with_capacity(concurrency)),
+            acks,
+        });
+        let refresher = tokio::spawn(consume::refresh_loop(ctx.clone()));
+        let mut tasks = JoinSet::new();
+        let mut report = RunReport::default();
+        let mut fetch = Fetch::new(self.reader);
+        tokio::pin!(shutdown);
+        loop {
+            while let Some(done) = tasks.try_join_next() {
+                report.record(done);
+            }
+            let free = concurrency - tasks.len();
+            if free == 0 {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    Some(done) = tasks.join_next() => report.record(done),
+                }
+                continue;
+            }
+            // NOTE: a read cancelled by shutdown may already have delivered entries to this
+            // consumer: they stay pending and are taken over after claim_idle, never lost.
+            let fetched = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                fetched = fetch.next(&ctx, free) => fetched,
+            };
+            match fetched {
+                Ok(batch) => {
+                    for (entry, deliveries) in batch {
+                        tasks.spawn(consume::process(
+                            ctx.clone(),
+                            self.service.clone(),
+                            entry,
+                            deliveries,
+                        ));
+                    }
+                }
+                Err(e) => {
+                    let pause = fetch.failed(&e);
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        drain(&mut tasks, &mut report, ctx.config.shutdown_grace).await;
+        refresher.abort();
+        let _ = refresher.await;
+        let command_timeout = ctx.config.command_timeout;
+        drop(ctx);
+        // Every sender is gone now: the acker sends what it holds and ends.
+        let _ = tokio::time::timeout(command_timeout * 2, acker).await;
+        report
+    }
+}
+
+/// Waits for in-flight jobs up to `grace`, then drops the rest (left pending).
+async fn drain(tasks: &mut JoinSet<JobOutcome>, report: &mut RunReport, grace: Duration) {
+    let deadline = tokio::time::sleep(grace);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            biased;
+            done = tasks.join_next() => match done {
+                Some(done) => report.record(done),
+                None => return,
+            },
+            () = &mut deadline => break,
+        }
+    }
+    tracing::warn!(
+        jobs = tasks.len(),
+        "shutdown grace ended; in-flight jobs dropped and left pending"
+    );
+    report.abandoned += tasks.len() as u64;
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+}
+
+/// What a [`Worker::run`] did, by [`JobOutcome`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// Deliveries acknowledged.
+    pub acked: u64,
+    /// Deliveries left pending (transient failures, missed deadlines).
+    pub left_pending: u64,
+    /// Deliveries dead-lettered.
+    pub dead_lettered: u64,
+    /// Deliveries dropped when the shutdown grace ended (left pending).
+    pub abandoned: u64,
+}
+
+impl RunReport {
+    fn record(&mut self, done: Result<JobOutcome, tokio::task::JoinError>) {
+        match done {
+            Ok(JobOutcome::Acked) => self.acked += 1,
+            Ok(JobOutcome::DeadLettered) => self.dead_lettered += 1,
+            Ok(JobOutcome::Abandoned) => self.abandoned += 1,
+            // A handler that panicked never acknowledged: its entry is pending.
+            Ok(JobOutcome::LeftPending) | Err(_) => self.left_pending += 1,
+        }
+    }
+}
+
+/// Where the next entries come from: idle entries to take over (`XAUTOCLAIM`, its cursor kept
+/// between calls), else new ones (`XREADGROUP`).
+struct Fetch<Conn> {
+    reader: Conn,
+    cursor: String,
+    next_claim: Instant,
+    group_ready: bool,
+    failures: u32,
+}
+
+impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
+    fn new(reader: Conn) -> Self {
+        Self {
+            reader,
+            cursor: "0-0".to_owned(),
+            next_claim: Instant::now(),
+            group_ready: false,
+            failures: 0,
+        }
+    }
+
+    async fn next<C>(
+        &mut self,
+        ctx: &Ctx<C, Conn>,
+        free: usize,
+    ) -> Result<Vec<(Entry, u64)>, WorkerError> {
+        let c = &ctx.config;
+        let mut conn = ctx.conn.clone();
+        if !self.group_ready {
+            streams::ensure_group(
+                &mut conn,
+                &c.stream,
+                &c.group,
+                &c.group_start,
+                c.command_timeout,
+            )
+            .await?;
+            self.group_ready = true;
+        }
+        let count = free.min(c.batch_size);
+        if Instant::now() >= self.next_claim {
+            let claimed = self.take_over(ctx, &mut conn, count).await?;
+            if !claimed.is_empty() {
+                self.succeeded();
+                return Ok(claimed);
+            }
+        }
+        let read = streams::read_cmd(&c.stream, &c.group, &c.consumer, count, c.effective_block());
+        let reply: Value = streams::query(
+            &mut self.reader,
+            &read,
+            c.effective_block() + c.command_timeout,
+        )
+        .await?;
+        self.succeeded();
+        // `>` hands out entries never delivered before: their delivery count is 1.
+        Ok(streams::parse_read(reply)?
+            .into_iter()
+            .map(|e| (e, 1))
+            .collect())
+    }
+
+    async fn take_over<C>(
+        &mut self,
+        ctx: &Ctx<C, Conn>,
+        conn: &mut Conn,
+        count: usize,
+    ) -> Result<Vec<(Entry, u64)>, WorkerError> {
+        let c = &ctx.config;
+        let cmd = streams::autoclaim_cmd(
+            &c.stream,
+            &c.group,
+            &c.consumer,
+            c.claim_idle,
+            &self.cursor,
+            count,
+        );
+        let (cursor, entries) =
+            streams::parse_autoclaim(streams::query(conn, &cmd, c.command_timeout).await?)?;
+        if cursor == "0-0" {
+            // A full pass: look again in half a claim_idle. Otherwise continue right away.
+            self.next_claim = Instant::now() + c.claim_interval();
+        }
+        self.cursor = cursor;
+        let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+            return Ok(Vec::new());
+        };
+        // One XPENDING for the batch. The range may also hold entries running here: ask for
+        // enough rows to cover them.
+        let names = (c.stream.as_str(), c.group.as_str(), c.consumer.as_str());
+        let rows = entries.len() + c.concurrency;
+        let counts =
+            streams::delivery_counts(conn, names, &first.id, &last.id, rows, c.command_timeout)
+                .await?;
+        // An entry missing from our pending list was acknowledged meanwhile by its previous
+        // owner (a slow worker finishing after all): it is done, skip it.
+        Ok(entries
+            .into_iter()
+            .filter_map(|e| counts.get(&e.id).copied().map(|n| (e, n)))
+            .collect())
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "redis reachable again");
+            self.failures = 0;
+        }
+    }
+
+    /// Logs (a warning on the 1st, 2nd, 4th, 8th... failure in a row, so an outage cannot flood
+    /// the log) and returns how long to back off.
+    fn failed(&mut self, e: &WorkerError) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        if e.redis_code() == Some("NOGROUP") {
+            // Redis lost the group (a restart without persistence): create it again.
+            self.group_ready = false;
+        }
+        if self.failures.is_power_of_two() {
+            tracing::warn!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
+        } else {
+            tracing::debug!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
+        }
+        let exp = self.failures.min(7);
+        Duration::from_millis(50 << exp).min(Duration::from_secs(5))
+    }
+}
