@@ -154,12 +154,12 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         let config = self.config;
         let concurrency = config.concurrency;
         let (acks, ack_rx) = mpsc::channel(concurrency);
-        let acker = tokio::spawn(consume::ack_loop(
+        let mut acker = AbortOnDrop(tokio::spawn(consume::ack_loop(
             self.conn.clone(),
             config.clone(),
             ack_rx,
             concurrency.max(64),
-        ));
+        )));
         let ctx = Arc::new(Ctx {
             config,
             classifier: self.classifier,
@@ -167,7 +167,8 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             in_flight: Mutex::new(HashSet::with_capacity(concurrency)),
             acks,
         });
-        let refresher = tokio::spawn(consume::refresh_loop(ctx.clone()));
+        // Both helpers end with this future, even when it is dropped rather than finished.
+        let mut refresher = AbortOnDrop(tokio::spawn(consume::refresh_loop(ctx.clone())));
         let mut tasks = JoinSet::new();
         let mut report = RunReport::default();
         let mut fetch = Fetch::new(self.reader);
@@ -214,13 +215,22 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             }
         }
         drain(&mut tasks, &mut report, ctx.config.shutdown_grace).await;
-        refresher.abort();
-        let _ = refresher.await;
+        refresher.0.abort();
+        let _ = (&mut refresher.0).await;
         let command_timeout = ctx.config.command_timeout;
         drop(ctx);
         // Every sender is gone now: the acker sends what it holds and ends.
-        let _ = tokio::time::timeout(command_timeout * 2, acker).await;
+        let _ = tokio::time::timeout(command_timeout * 2, &mut acker.0).await;
         report
+    }
+}
+
+/// Aborts a helper task when the run future is dropped mid-way.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
