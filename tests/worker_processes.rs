@@ -152,7 +152,7 @@ fn killed_between_effect_and_ack_redelivers_and_run_once_keeps_one_effect() {
             &server,
             "jobs",
             "k1",
-            r#"{"action":"ok","linger_ms":60000}"#,
+            r#"{"action":"ok","linger_ms":3000}"#,
         );
         eventually("the first effect", || counter(&server, "effects:k1") == 1);
         a.kill();
@@ -164,7 +164,7 @@ fn killed_between_effect_and_ack_redelivers_and_run_once_keeps_one_effect() {
 
         let mut b = WorkerProcess::start(&server, &[&["--consumer", "b"], extra].concat());
         eventually("the takeover", || counter(&server, "deliveries:k1") == 2);
-        // Delivery 2 lingers again after a success; stop it gracefully instead of waiting.
+        // Delivery 2 lingers again after a success; the graceful stop waits for it and acks.
         eventually("delivery 2 finished its effect", || {
             counter(&server, "effects:k1") == effects
                 && (run_once || counter(&server, "runs:k1") == 2)
