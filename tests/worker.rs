@@ -187,7 +187,7 @@ async fn acks_successes_and_dead_letters_a_permanent_failure_after_one_call() {
     let worker = start!(Worker::connect(&server.url(), config("jobs", "w1"), svc).unwrap());
     let dead = DeadLetters::new(conn.clone(), "jobs");
     eventually("one dead letter", || async {
-        dead.len().await.unwrap() == 1
+        dead.count().await.unwrap() == 1
     })
     .await;
     eventually("all acked", || {
@@ -233,7 +233,7 @@ async fn poison_runs_max_deliveries_times_and_the_next_delivery_dead_letters_it(
         );
     let dead = DeadLetters::new(conn.clone(), "jobs");
     eventually("the dead letter", || async {
-        dead.len().await.unwrap() == 1
+        dead.count().await.unwrap() == 1
     })
     .await;
     let report = worker.stop().await;
@@ -358,7 +358,10 @@ async fn a_retry_layer_inside_makes_four_attempts_then_the_entry_stays_pending()
         "left pending for redelivery"
     );
     assert_eq!(
-        DeadLetters::new(conn.clone(), "jobs").len().await.unwrap(),
+        DeadLetters::new(conn.clone(), "jobs")
+            .count()
+            .await
+            .unwrap(),
         0,
         "not dead-lettered"
     );
@@ -564,7 +567,10 @@ async fn dead_letters_are_listed_and_requeued_once() {
     xadd(&mut conn, "jobs", "j", "payload").await;
     let worker = start!(Worker::connect(&server.url(), config("jobs", "w"), svc).unwrap());
     let dead = DeadLetters::new(conn.clone(), "jobs");
-    eventually("dead-lettered", || async { dead.len().await.unwrap() == 1 }).await;
+    eventually("dead-lettered", || async {
+        dead.count().await.unwrap() == 1
+    })
+    .await;
     *fixed.lock().unwrap() = true;
     let letter = dead.list("-", 10).await.unwrap().remove(0);
     assert!(dead.requeue(&letter.dead_id).await.unwrap().is_some());
@@ -575,7 +581,7 @@ async fn dead_letters_are_listed_and_requeued_once() {
     );
     eventually("processed", || async { log.calls("j") == 2 }).await;
     worker.stop().await;
-    assert_eq!(dead.len().await.unwrap(), 0);
+    assert_eq!(dead.count().await.unwrap(), 0);
     assert_eq!(
         log.deliveries("j"),
         [1, 1],
@@ -697,7 +703,7 @@ async fn a_three_master_cluster_runs_takes_over_and_dead_letters() {
     for stream in streams {
         let dead = DeadLetters::new(conn.clone(), stream);
         eventually("a dead letter per stream", || async {
-            dead.len().await.unwrap() == 1
+            dead.count().await.unwrap() == 1
         })
         .await;
         eventually("nothing pending", || {

@@ -148,12 +148,7 @@ fn killed_between_effect_and_ack_redelivers_and_run_once_keeps_one_effect() {
         let server = RedisServer::start();
         let extra: &[&str] = if run_once { &["--run-once"] } else { &[] };
         let mut a = WorkerProcess::start(&server, &[&["--consumer", "a"], extra].concat());
-        xadd(
-            &server,
-            "jobs",
-            "k1",
-            r#"{"action":"ok","linger_ms":3000}"#,
-        );
+        xadd(&server, "jobs", "k1", r#"{"action":"ok","linger_ms":3000}"#);
         eventually("the first effect", || counter(&server, "effects:k1") == 1);
         a.kill();
         assert_eq!(

@@ -1,8 +1,7 @@
 //! From a handler's outcome to a Redis action, in the retry crate's vocabulary.
 //!
 //! The worker classifies every outcome with a
-//! [`Classify`](tower_once_retry::classify::Classify) and acts on the
-//! [`Action`](tower_once_retry::classify::Action):
+//! [`Classify`] and acts on the [`Action`]:
 //!
 //! | action | the worker |
 //! |---|---|

@@ -223,7 +223,7 @@ impl<C: ConnectionLike + Clone + Send> DeadLetters<C> {
     }
 
     /// How many dead letters there are (`XLEN`).
-    pub async fn len(&self) -> Result<u64, WorkerError> {
+    pub async fn count(&self) -> Result<u64, WorkerError> {
         let mut cmd = redis::cmd("XLEN");
         cmd.arg(&self.dead);
         query(&mut self.conn.clone(), &cmd, self.timeout).await

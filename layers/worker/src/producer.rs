@@ -100,7 +100,7 @@ impl<C: ConnectionLike + Clone + Send> Producer<C> {
             return Ok(0);
         };
         let mut trim = redis::cmd("XTRIM");
-        trim.arg(&self.stream).arg("MINID").arg(&min_id);
+        trim.arg(&self.stream).arg("MINID").arg(min_id);
         query(&mut conn, &trim, self.timeout).await
     }
 

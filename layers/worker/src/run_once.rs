@@ -1,5 +1,4 @@
-//! Run a job's effect once per job id, on any
-//! [`IdempotencyStore`](tower_once_idempotency::store::IdempotencyStore).
+//! Run a job's effect once per job id, on any [`IdempotencyStore`].
 //!
 //! Streams deliver at least once: a worker that dies after the effect but before `XACK` has its
 //! entry redelivered, and a producer retried by its caller enqueues the same job id twice.

@@ -23,11 +23,14 @@ end
 return kept
 ";
 
+/// An entry's field/value pairs, in order.
+pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// One stream entry as read: its id and its field/value pairs.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     pub(crate) id: String,
-    pub(crate) fields: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) fields: Fields,
 }
 
 impl Entry {
@@ -147,8 +150,8 @@ pub(crate) fn parse_entries(value: Value) -> Result<Vec<Entry>, WorkerError> {
     Ok(entries)
 }
 
-fn pairs(flat: Vec<Value>) -> Result<Vec<(Vec<u8>, Vec<u8>)>, WorkerError> {
-    if flat.len() % 2 != 0 {
+fn pairs(flat: Vec<Value>) -> Result<Fields, WorkerError> {
+    if !flat.len().is_multiple_of(2) {
         return Err(WorkerError::reply("entry: odd number of field values"));
     }
     let mut out = Vec::with_capacity(flat.len() / 2);
