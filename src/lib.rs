@@ -121,6 +121,12 @@
 //! | `tower_once_retry_budget_refusals_total` | counter | | retries the budget refused |
 //! | `tower_once_retry_give_ups_total` | counter | `reason`: `exhausted`, `deadline`, `budget` | operations that ended on a retryable outcome |
 //! | `tower_once_timeout_timeouts_total` | counter | `bound`: `limit`, `deadline`; `layer`: `timeout`, `http_body`, `server` | expiries |
+//! | `tower_once_worker_processed_total` | counter | | deliveries whose handler succeeded (acknowledged) |
+//! | `tower_once_worker_failed_total` | counter | | deliveries whose handler failed or missed its deadline |
+//! | `tower_once_worker_redelivered_total` | counter | | deliveries with a delivery count above 1 that reached the handler |
+//! | `tower_once_worker_dead_lettered_total` | counter | `reason`: `max_deliveries`, `permanent`, `malformed` | entries moved to the dead-letter stream |
+//! | `tower_once_worker_in_flight` | gauge | | handlers running now |
+//! | `tower_once_worker_group_lag` | gauge | | entries not yet delivered to the group (`XINFO GROUPS` `lag`, read every `claim_idle / 3`) |
 //!
 //! # Minimum supported Rust version
 //!

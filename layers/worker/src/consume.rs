@@ -239,7 +239,8 @@ pub(crate) async fn ack_loop<Conn>(
 }
 
 /// Every third of `claim_idle`, resets the idle time of the entries whose handlers run here,
-/// so no other consumer takes them over; a dead worker stops doing it and loses them.
+/// so no other consumer takes them over; a dead worker stops doing it and loses them. With the
+/// `metrics` feature it also reports the group's lag (`XINFO GROUPS`) at the same pace.
 pub(crate) async fn refresh_loop<C, Conn>(ctx: Arc<Ctx<C, Conn>>)
 where
     Conn: ConnectionLike + Clone + Send,
@@ -250,6 +251,13 @@ where
     let mut conn = ctx.conn.clone();
     loop {
         tick.tick().await;
+        if metrics::GROUP_LAG {
+            let (stream, group) = (&ctx.config.stream, &ctx.config.group);
+            let timeout = ctx.config.command_timeout;
+            if let Ok(Some(lag)) = streams::group_lag(&mut conn, stream, group, timeout).await {
+                metrics::group_lag(lag);
+            }
+        }
         let ids: Vec<String> = ctx
             .in_flight
             .lock()

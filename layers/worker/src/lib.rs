@@ -77,7 +77,7 @@
 //!
 //! | feature | enables |
 //! |---|---|
-//! | `metrics` | counters `tower_once_worker_processed_total`, `tower_once_worker_failed_total`, `tower_once_worker_redelivered_total`, `tower_once_worker_dead_lettered_total{reason}` and the gauge `tower_once_worker_in_flight`, through the `metrics` facade |
+//! | `metrics` | counters `tower_once_worker_processed_total`, `tower_once_worker_failed_total`, `tower_once_worker_redelivered_total`, `tower_once_worker_dead_lettered_total{reason}` and the gauges `tower_once_worker_in_flight` and `tower_once_worker_group_lag` (`XINFO GROUPS` `lag`), through the `metrics` facade |
 //!
 //! # Minimum supported Rust version
 //!
@@ -91,6 +91,7 @@ pub mod config;
 mod consume;
 pub mod dead_letter;
 mod error;
+mod fetch;
 mod job;
 mod metrics;
 mod producer;

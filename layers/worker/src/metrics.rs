@@ -44,6 +44,10 @@ mod imp {
     pub(crate) fn in_flight(delta: f64) {
         metrics::gauge!("tower_once_worker_in_flight").increment(delta);
     }
+    pub(crate) fn group_lag(lag: u64) {
+        metrics::gauge!("tower_once_worker_group_lag").set(lag as f64);
+    }
+    pub(crate) const GROUP_LAG: bool = true;
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -53,6 +57,8 @@ mod imp {
     pub(crate) fn redelivered() {}
     pub(crate) fn dead_lettered(_reason: &'static str) {}
     pub(crate) fn in_flight(_delta: f64) {}
+    pub(crate) fn group_lag(_lag: u64) {}
+    pub(crate) const GROUP_LAG: bool = false;
 }
 
 pub(crate) use imp::*;

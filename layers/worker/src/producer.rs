@@ -149,21 +149,9 @@ impl redis::ToSingleRedisArg for StreamId {}
 
 /// The name and last-delivered id of one `XINFO GROUPS` row.
 fn group_fields(group: Value) -> Result<(String, StreamId), WorkerError> {
-    let pairs: Vec<(Value, Value)> = match group {
-        Value::Map(pairs) => pairs,
-        Value::Array(flat) => {
-            let mut it = flat.into_iter();
-            let mut pairs = Vec::new();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                pairs.push((k, v));
-            }
-            pairs
-        }
-        _ => return Err(WorkerError::reply("XINFO GROUPS: row is not a map")),
-    };
     let (mut name, mut last) = (None, None);
-    for (k, v) in pairs {
-        match streams::string(k)?.as_str() {
+    for (k, v) in streams::info_row(group)? {
+        match k.as_str() {
             "name" => name = Some(streams::string(v)?),
             "last-delivered-id" => last = StreamId::parse(&streams::string(v)?),
             _ => {}

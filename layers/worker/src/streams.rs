@@ -175,6 +175,54 @@ pub(crate) fn string(value: Value) -> Result<String, WorkerError> {
     String::from_utf8(bytes(value)?).map_err(|_| WorkerError::reply("expected UTF-8"))
 }
 
+/// One row of an `XINFO` reply as (field, value) pairs, from a RESP2 flat array or a RESP3 map.
+pub(crate) fn info_row(row: Value) -> Result<Vec<(String, Value)>, WorkerError> {
+    let pairs: Vec<(Value, Value)> = match row {
+        Value::Map(pairs) => pairs,
+        Value::Array(flat) => {
+            let mut it = flat.into_iter();
+            let mut pairs = Vec::new();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                pairs.push((k, v));
+            }
+            pairs
+        }
+        _ => return Err(WorkerError::reply("XINFO: row is not a map")),
+    };
+    pairs
+        .into_iter()
+        .map(|(k, v)| Ok((string(k)?, v)))
+        .collect()
+}
+
+/// The `lag` of `group` on `stream` (`XINFO GROUPS`): entries not yet delivered to the group.
+/// `None` when Redis cannot tell (it reports nil after some deletions) or the group is absent.
+pub(crate) async fn group_lag<C: ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+    timeout: Duration,
+) -> Result<Option<u64>, WorkerError> {
+    let mut cmd = redis::cmd("XINFO");
+    cmd.arg("GROUPS").arg(stream);
+    let Value::Array(rows) = query::<_, Value>(conn, &cmd, timeout).await? else {
+        return Err(WorkerError::reply("XINFO GROUPS: not an array"));
+    };
+    for row in rows {
+        let fields = info_row(row)?;
+        let is_ours = fields.iter().any(|(k, v)| {
+            k == "name" && matches!(v, Value::BulkString(b) if b == group.as_bytes())
+        });
+        if is_ours {
+            return Ok(fields.into_iter().find_map(|(k, v)| match (k.as_str(), v) {
+                ("lag", Value::Int(n)) => u64::try_from(n).ok(),
+                _ => None,
+            }));
+        }
+    }
+    Ok(None)
+}
+
 /// `XAUTOCLAIM <stream> <group> <me> <min-idle> <cursor> COUNT <n>`: (next cursor, entries).
 pub(crate) fn autoclaim_cmd(
     stream: &str,
