@@ -143,7 +143,11 @@ async fn main() -> Result<(), BoxError> {
     };
     let handler: BoxCloneService<Job, (), BoxError> = if args.run_once {
         let store = RedisStore::connect(&args.redis).await?;
-        let run_once = RunOnceLayer::new(store).lease(args.claim_idle).layer(base);
+        // Half of claim_idle: a crashed delivery's claim has expired by the time its entry is
+        // taken over, so the takeover (delivery 2) runs it instead of finding it in progress.
+        let run_once = RunOnceLayer::new(store)
+            .lease(args.claim_idle / 2)
+            .layer(base);
         BoxCloneService::new(
             run_once
                 .map_response(|outcome| {

@@ -321,3 +321,25 @@ fn sigterm_finishes_in_flight_jobs_and_exits_zero() {
         assert_eq!(counter(&server, &format!("runs:{id}")), 1, "{id}");
     }
 }
+
+/// Killed mid-run under `--run-once`: the run-once claim (lease `claim_idle / 2`) has expired
+/// by the time the entry is taken over, so delivery 2 runs the job instead of finding it
+/// "in progress"; one effect.
+#[test]
+fn killed_mid_run_with_run_once_runs_again_as_delivery_two() {
+    let server = RedisServer::start();
+    let mut a = WorkerProcess::start(&server, &["--consumer", "a", "--run-once"]);
+    xadd(&server, "jobs", "mid", r#"{"action":"sleep","ms":1500}"#);
+    eventually("started", || counter(&server, "runs:mid") == 1);
+    a.kill();
+    let _b = WorkerProcess::start(&server, &["--consumer", "b", "--run-once"]);
+    eventually("done", || counter(&server, "effects:mid") == 1);
+    eventually("acked", || pending(&server, "jobs") == 0);
+    assert_eq!(counter(&server, "runs:mid"), 2);
+    assert_eq!(
+        counter(&server, "deliveries:mid"),
+        2,
+        "taken over once, run at once"
+    );
+    assert_eq!(counter(&server, "effects:mid"), 1);
+}

@@ -87,7 +87,10 @@ impl<St> RunOnceLayer<St> {
     }
 
     /// How long a claim lives without renewal; renewed every third of it while the handler
-    /// runs. A delivery arriving while a dead worker's claim is unexpired is left pending.
+    /// runs. A delivery arriving while a dead worker's claim is unexpired is left pending
+    /// (and counts as a delivery). Under a [`Worker`](crate::Worker), use at most half its
+    /// `claim_idle`: the crashed delivery's claim has then always expired by the time its
+    /// entry is taken over.
     ///
     /// # Panics
     ///
