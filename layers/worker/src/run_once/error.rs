@@ -3,7 +3,7 @@
 use std::fmt;
 use tower_once_idempotency::store::StoreError;
 
-/// Why [`RunOnce`] returned no outcome: the handler's error, a concurrent delivery, or the
+/// Why [`RunOnce`](super::RunOnce) returned no outcome: the handler's error, a concurrent delivery, or the
 /// store.
 #[derive(Debug)]
 pub struct RunOnceError<E>(pub(super) Repr<E>);
