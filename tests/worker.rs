@@ -751,3 +751,68 @@ async fn a_dropped_run_leaves_no_task_or_connection_behind() {
     })
     .await;
 }
+
+/// The batch's one `XPENDING` covers a range that can also hold this consumer's other pending
+/// entries (left pending after transient failures, not yet idle). However many there are, every
+/// taken-over entry must get its delivery count and run now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_batch_gets_its_delivery_counts_past_other_pending_entries() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("jobs")
+        .arg("workers")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        ids.push(xadd(&mut conn, "jobs", &format!("e{i}"), "{}").await);
+    }
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("workers")
+        .arg("ghost")
+        .arg("COUNT")
+        .arg(16)
+        .arg("STREAMS")
+        .arg("jobs")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(CLAIM_IDLE + Duration::from_millis(50)).await;
+    // The middle 14 become fresh entries of "w" (idle 0); the first and last stay idle.
+    let _: Value = redis::cmd("XCLAIM")
+        .arg("jobs")
+        .arg("workers")
+        .arg("w")
+        .arg(0)
+        .arg(&ids[1..15])
+        .arg("JUSTID")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let log = Log::default();
+    let svc = handler(&log, ok);
+    let worker =
+        start!(Worker::connect(&server.url(), config("jobs", "w").concurrency(2), svc).unwrap());
+    eventually("the first and last taken over", || async {
+        log.calls("e0") == 1 && log.calls("e15") == 1
+    })
+    .await;
+    eventually("all done", || async {
+        (0..16).all(|i| log.calls(&format!("e{i}")) == 1)
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(log.deliveries("e0"), [2]);
+    assert_eq!(
+        log.deliveries("e15"),
+        [2],
+        "taken over at once, not one claim_idle later"
+    );
+}
