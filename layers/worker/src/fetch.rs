@@ -95,13 +95,24 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
         let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
             return Ok(Vec::new());
         };
-        // One XPENDING for the batch. The range may also hold entries running here: ask for
-        // enough rows to cover them.
+        // One XPENDING for the batch. The range may also hold other entries pending here
+        // (running, or left pending and not idle yet): ask for enough rows to cover the
+        // running ones, and look up singly what a longer list pushed out of the reply.
         let names = (c.stream.as_str(), c.group.as_str(), c.consumer.as_str());
         let rows = entries.len() + c.concurrency;
-        let counts =
-            streams::delivery_counts(conn, names, &first.id, &last.id, rows, c.command_timeout)
-                .await?;
+        let timeout = c.command_timeout;
+        let mut counts =
+            streams::delivery_counts(conn, names, &first.id, &last.id, rows, timeout).await?;
+        if counts.len() >= rows {
+            for entry in &entries {
+                if !counts.contains_key(&entry.id) {
+                    let one =
+                        streams::delivery_counts(conn, names, &entry.id, &entry.id, 1, timeout)
+                            .await?;
+                    counts.extend(one);
+                }
+            }
+        }
         // An entry missing from our pending list was acknowledged meanwhile by its previous
         // owner (a slow worker finishing after all): it is done, skip it.
         Ok(entries

@@ -41,7 +41,7 @@
 //! | delivery | Redis action |
 //! |---|---|
 //! | new entry | `XREADGROUP GROUP <g> <me> COUNT <free slots> BLOCK <ms> STREAMS <s> >` (delivery count 1) |
-//! | entry idle > `claim_idle` in any consumer (crashed, or left pending) | `XAUTOCLAIM` (cursor kept between calls), delivery counts from one `XPENDING` per batch |
+//! | entry idle > `claim_idle` in any consumer (crashed, or left pending) | `XAUTOCLAIM` (cursor kept between calls), delivery counts from one `XPENDING` per batch (plus one per entry a long pending list pushed out of its reply) |
 //! | delivery count > `max_deliveries` | dead-lettered (`reason` `max_deliveries`), handler not called |
 //! | no valid `job_id` field | dead-lettered (`reason` `malformed`), handler not called |
 //! | handler running | `XCLAIM <s> <g> <me> 0 <id> JUSTID` every `claim_idle / 3` for entries still ours (one script call for all) |
