@@ -816,3 +816,44 @@ async fn a_takeover_batch_gets_its_delivery_counts_past_other_pending_entries() 
         "taken over at once, not one claim_idle later"
     );
 }
+
+/// Without a hash tag, a stream and its dead-letter stream live in different cluster slots: the
+/// cluster refuses the `MULTI`, and the worker falls back to `XADD` then `XACK`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untagged_stream_on_a_cluster_still_dead_letters() {
+    let cluster = RedisCluster::start();
+    let slot = |key: &str| {
+        cluster.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .to_owned()
+    };
+    assert_ne!(
+        slot("plainjobs"),
+        slot("plainjobs:dead"),
+        "the test needs two slots"
+    );
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    let log = Log::default();
+    let svc = handler(&log, |_| Err(JobError::permanent("no")));
+    xadd(&mut conn, "plainjobs", "p", "{}").await;
+    let worker = start!(
+        Worker::connect_cluster(cluster.urls(), config("plainjobs", "c"), svc)
+            .await
+            .unwrap()
+    );
+    let dead = DeadLetters::new(conn.clone(), "plainjobs");
+    eventually("dead-lettered", || async {
+        dead.count().await.unwrap() == 1
+    })
+    .await;
+    eventually("acked", || {
+        let mut c = conn.clone();
+        async move { pending(&mut c, "plainjobs").await == 0 }
+    })
+    .await;
+    assert_eq!(worker.stop().await.dead_lettered, 1);
+    assert_eq!(log.calls("p"), 1);
+    assert_eq!(dead.list("-", 1).await.unwrap()[0].reason, "permanent");
+}

@@ -12,6 +12,11 @@
 //! `{jobs}:dead`). Without one, the cluster refuses the transaction (`CROSSSLOT`) and the worker
 //! falls back to `XADD` then `XACK` as two commands: a crash between them leaves a dead letter
 //! *and* a pending entry (a duplicate dead letter later), never a lost one.
+//!
+//! The worker never trims the dead-letter stream: each letter waits for a person, who lists it
+//! ([`DeadLetters::list`], paged and bounded by `count`), requeues it
+//! ([`DeadLetters::requeue`]) or deletes it (`XDEL`). Watch its length
+//! ([`DeadLetters::count`]) or the `tower_once_worker_dead_lettered_total` counter.
 
 use crate::error::WorkerError;
 use crate::streams::{self, query, Entry};
