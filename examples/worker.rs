@@ -129,7 +129,9 @@ async fn handle(conn: ConnectionManager, job: Job) -> Result<(), JobError> {
 async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            // Debug for the worker: one line per delivery, with its outcome.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_once_worker=debug".into()),
         )
         .with_writer(std::io::stderr)
         .init();
