@@ -911,3 +911,66 @@ async fn a_restart_of_a_persistent_redis_loses_no_entry() {
         0
     );
 }
+
+/// The delivery's deadline is in scope for the handler: a `TimeoutLayer` inside with a 10 s
+/// limit cuts a hung call at the 300 ms `job_deadline`, the error says it was the deadline,
+/// and the entry stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_layer_inside_is_capped_by_the_job_deadline() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let hung = tower_once::timeout::TimeoutLayer::new(Duration::from_secs(10)).layer(
+        tower::service_fn(|_job: Job| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<_, JobError>(())
+        }),
+    );
+    let cut_by_deadline = Arc::new(Mutex::new(None));
+    let seen = cut_by_deadline.clone();
+    let svc = tower::service_fn(move |job: Job| {
+        let (hung, seen) = (hung.clone(), seen.clone());
+        async move {
+            let err = hung.oneshot(job).await.unwrap_err();
+            *seen.lock().unwrap() = Some(err.elapsed().is_some_and(|e| e.is_deadline()));
+            Err::<(), _>(JobError::transient(err.to_string()))
+        }
+    });
+    xadd(&mut conn, "jobs", "hung", "{}").await;
+    let config = config("jobs", "w")
+        .job_deadline(Duration::from_millis(300))
+        .claim_idle(Duration::from_secs(60));
+    let worker = start!(Worker::connect(&server.url(), config, svc).unwrap());
+    eventually("cut", || async {
+        cut_by_deadline.lock().unwrap().is_some()
+    })
+    .await;
+    let report = worker.stop().await;
+    assert_eq!(
+        *cut_by_deadline.lock().unwrap(),
+        Some(true),
+        "the deadline, not the 10 s limit"
+    );
+    assert_eq!(report.left_pending, 1);
+    assert_eq!(pending(&mut conn, "jobs").await, 1);
+}
+
+/// A job still running when the shutdown grace ends is dropped, not acknowledged: it stays
+/// pending for another worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_outliving_the_shutdown_grace_is_left_pending_not_acked() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = handler(&log, |_| Ok(Duration::from_secs(60)));
+    xadd(&mut conn, "jobs", "long", "{}").await;
+    let config = config("jobs", "w").shutdown_grace(Duration::from_millis(200));
+    let worker = start!(Worker::connect(&server.url(), config, svc).unwrap());
+    eventually("running", || async { log.calls("long") == 1 }).await;
+    let report = worker.stop().await;
+    assert_eq!((report.abandoned, report.acked), (1, 0));
+    assert_eq!(
+        pending(&mut conn, "jobs").await,
+        1,
+        "left pending for another worker"
+    );
+}
