@@ -133,8 +133,8 @@ impl WorkerConfig {
         self
     }
 
-    /// The deadline of one delivery: in scope for the handler (a `TimeoutLayer` or
-    /// `RetryLayer` inside reads it), and enforced by the worker, which drops the handler's
+    /// The deadline of one delivery: in scope while the handler is called and polled (a
+    /// `TimeoutLayer` or `RetryLayer` inside reads it), and enforced by the worker, which drops the handler's
     /// future when it passes and leaves the entry pending.
     pub fn job_deadline(mut self, deadline: Duration) -> Self {
         self.job_deadline = deadline;

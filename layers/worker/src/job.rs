@@ -133,7 +133,7 @@ impl Job {
 
     /// The delivery's deadline. It travels with the job so layers that call their inner
     /// service later, or on another task, can put it back in scope
-    /// ([`Deadline::scope`]); the worker also calls the handler inside its scope.
+    /// ([`Deadline::scope`]); the worker also calls and polls the handler inside its scope.
     pub fn deadline(&self) -> Option<Deadline> {
         self.deadline
     }

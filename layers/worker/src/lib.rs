@@ -71,7 +71,7 @@
 //! | poison messages | retried forever, or dropped | dead-lettered after `max_deliveries`, or at once when permanent; listed and requeued with [`DeadLetters`](dead_letter::DeadLetters) |
 //! | duplicate delivery / enqueue | effect runs twice | [`RunOnceLayer`]: once per job id |
 //! | backpressure | read everything, queue in memory | never reads more than free slots |
-//! | per-delivery deadline | none | a [`Deadline`](tower_once_timeout::Deadline) in scope and on the job |
+//! | per-delivery deadline | none | a [`Deadline`](tower_once_timeout::Deadline) in scope for every poll of the handler, and on the job |
 //!
 //! # Feature flags
 //!
