@@ -18,7 +18,7 @@ pub(crate) struct Fetch<Conn> {
     failures: u32,
 }
 
-impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
+impl<Conn> Fetch<Conn> {
     pub(crate) fn new(reader: Conn) -> Self {
         Self {
             reader,
@@ -29,6 +29,32 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
         }
     }
 
+    pub(crate) fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "redis reachable again");
+            self.failures = 0;
+        }
+    }
+
+    /// Logs (a warning on the 1st, 2nd, 4th, 8th... failure in a row, so an outage cannot flood
+    /// the log) and returns how long to back off.
+    pub(crate) fn failed(&mut self, e: &WorkerError) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        if e.redis_code() == Some("NOGROUP") {
+            // Redis lost the group (a restart without persistence): create it again.
+            self.group_ready = false;
+        }
+        if self.failures.is_power_of_two() {
+            tracing::warn!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
+        } else {
+            tracing::debug!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
+        }
+        let exp = self.failures.min(7);
+        Duration::from_millis(50 << exp).min(Duration::from_secs(5))
+    }
+}
+
+impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
     pub(crate) async fn next<C>(
         &mut self,
         ctx: &Ctx<C, Conn>,
@@ -120,28 +146,36 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
             .filter_map(|e| counts.get(&e.id).copied().map(|n| (e, n)))
             .collect())
     }
+}
 
-    fn succeeded(&mut self) {
-        if self.failures > 0 {
-            tracing::info!(failures = self.failures, "redis reachable again");
-            self.failures = 0;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str) -> WorkerError {
+        let parsed = redis::parse_redis_value(format!("-{code} details\r\n").as_bytes());
+        match parsed.and_then(redis::Value::extract_error) {
+            Err(e) => WorkerError::redis(e),
+            Ok(v) => panic!("not an error: {v:?}"),
         }
     }
 
-    /// Logs (a warning on the 1st, 2nd, 4th, 8th... failure in a row, so an outage cannot flood
-    /// the log) and returns how long to back off.
-    pub(crate) fn failed(&mut self, e: &WorkerError) -> Duration {
-        self.failures = self.failures.saturating_add(1);
-        if e.redis_code() == Some("NOGROUP") {
-            // Redis lost the group (a restart without persistence): create it again.
-            self.group_ready = false;
-        }
-        if self.failures.is_power_of_two() {
-            tracing::warn!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
-        } else {
-            tracing::debug!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
-        }
-        let exp = self.failures.min(7);
-        Duration::from_millis(50 << exp).min(Duration::from_secs(5))
+    #[test]
+    fn backoff_doubles_to_a_cap_and_nogroup_recreates_the_group() {
+        let mut fetch = Fetch::new(());
+        fetch.group_ready = true;
+        let pauses: Vec<u128> = (0..9)
+            .map(|_| fetch.failed(&WorkerError::timeout()).as_millis())
+            .collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert!(fetch.group_ready, "a timeout says nothing about the group");
+        assert_eq!(server_error("NOGROUP").redis_code(), Some("NOGROUP"));
+        fetch.failed(&server_error("NOGROUP"));
+        assert!(!fetch.group_ready);
+        fetch.succeeded();
+        assert_eq!(
+            fetch.failed(&WorkerError::timeout()),
+            Duration::from_millis(100)
+        );
     }
 }
