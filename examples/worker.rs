@@ -13,8 +13,9 @@
 //!
 //! Options: `--redis URL` (required), `--stream jobs`, `--group workers`, `--consumer NAME`
 //! (default `<hostname>-<pid>`), `--claim-idle-ms 30000`, `--max-deliveries 5`,
-//! `--concurrency 16`, `--run-once` (skip job ids whose effect is done, on a `RedisStore` in
-//! the same Redis). Runs until SIGTERM or SIGINT, then shuts down gracefully and exits 0.
+//! `--concurrency 16`, `--shutdown-grace-ms 30000`, `--run-once` (skip job ids whose effect
+//! is done, on a `RedisStore` in the same Redis). Runs until SIGTERM or SIGINT, then shuts
+//! down gracefully (in-flight jobs get the grace period) and exits 0.
 //!
 //! The handler reads `payload` = `{"action": "ok" | "fail" | "fail_permanent" | "sleep",
 //! "ms": N}`: it does `INCR runs:<job_id>` when it starts and `INCR effects:<job_id>` when it
@@ -39,6 +40,7 @@ struct Args {
     claim_idle: Duration,
     max_deliveries: u64,
     concurrency: usize,
+    shutdown_grace: Duration,
     run_once: bool,
 }
 
@@ -51,6 +53,7 @@ fn parse_args() -> Result<Args, String> {
         claim_idle: Duration::from_millis(30_000),
         max_deliveries: 5,
         concurrency: 16,
+        shutdown_grace: Duration::from_millis(30_000),
         run_once: false,
     };
     let mut it = std::env::args().skip(1);
@@ -71,6 +74,7 @@ fn parse_args() -> Result<Args, String> {
             "--consumer" => args.consumer = Some(value),
             "--claim-idle-ms" => args.claim_idle = Duration::from_millis(number(&value)?),
             "--max-deliveries" => args.max_deliveries = number(&value)?,
+            "--shutdown-grace-ms" => args.shutdown_grace = Duration::from_millis(number(&value)?),
             "--concurrency" => {
                 args.concurrency = usize::try_from(number(&value)?).map_err(|e| e.to_string())?
             }
@@ -135,7 +139,7 @@ async fn main() -> Result<(), BoxError> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = parse_args().map_err(|e| format!("{e}\nusage: worker --redis URL [--stream jobs] [--group workers] [--consumer NAME] [--claim-idle-ms 30000] [--max-deliveries 5] [--concurrency 16] [--run-once]"))?;
+    let args = parse_args().map_err(|e| format!("{e}\nusage: worker --redis URL [--stream jobs] [--group workers] [--consumer NAME] [--claim-idle-ms 30000] [--max-deliveries 5] [--concurrency 16] [--shutdown-grace-ms 30000] [--run-once]"))?;
 
     let client = tower_once::worker::redis::Client::open(args.redis.as_str())?;
     let conn = ConnectionManager::new_lazy_with_config(client, Default::default())?;
@@ -178,7 +182,8 @@ async fn main() -> Result<(), BoxError> {
     let mut config = WorkerConfig::new(args.stream, args.group)
         .claim_idle(args.claim_idle)
         .max_deliveries(args.max_deliveries)
-        .concurrency(args.concurrency);
+        .concurrency(args.concurrency)
+        .shutdown_grace(args.shutdown_grace);
     if let Some(consumer) = args.consumer {
         config = config.consumer(consumer);
     }
