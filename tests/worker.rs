@@ -974,3 +974,32 @@ async fn a_job_outliving_the_shutdown_grace_is_left_pending_not_acked() {
         "left pending for another worker"
     );
 }
+
+/// An entry added while a stopping worker is blocked in `XREADGROUP` must not vanish into that
+/// worker's pending list (where only a takeover, a `claim_idle` later, would find it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_added_during_shutdown_is_not_swallowed_by_the_stopping_worker() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = handler(&log, ok);
+    // A long claim_idle: a takeover cannot hide the problem.
+    let config = |name: &str| {
+        config("jobs", name)
+            .claim_idle(Duration::from_secs(60))
+            .block(Duration::from_secs(2))
+    };
+    let a = start!(Worker::connect(&server.url(), config("a"), svc.clone()).unwrap());
+    eventually("a blocked in XREADGROUP", || async {
+        server.cli(&["CLIENT", "LIST"]).contains("cmd=xreadgroup")
+    })
+    .await;
+    let stopping = tokio::spawn(a.stop());
+    xadd(&mut conn, "jobs", "late", "{}").await;
+    stopping.await.unwrap();
+    let b = start!(Worker::connect(&server.url(), config("b"), svc).unwrap());
+    eventually("the late entry ran", || async { log.calls("late") == 1 }).await;
+    b.stop().await;
+    assert_eq!(log.deliveries("late"), [1]);
+    assert_eq!(pending(&mut conn, "jobs").await, 0);
+}

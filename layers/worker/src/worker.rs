@@ -13,7 +13,9 @@ use redis::cluster_async::ClusterConnection;
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Context;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -136,8 +138,9 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         &self.config
     }
 
-    /// Runs until `shutdown` completes, then stops reading, waits up to the shutdown grace for
-    /// in-flight jobs and returns what happened. Redis errors never end the run: the worker
+    /// Runs until `shutdown` completes, then stops reading (a read in progress is let finish,
+    /// within [`WorkerConfig::effective_block`], and its entries run), waits up to the shutdown
+    /// grace for in-flight jobs and returns what happened. Redis errors never end the run: the worker
     /// backs off (up to 5 s) and tries again, recreating the group if Redis lost it.
     pub async fn run<F>(self, shutdown: F) -> RunReport
     where
@@ -175,6 +178,9 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             while let Some(done) = tasks.try_join_next() {
                 report.record(done);
             }
+            if is_ready(shutdown.as_mut()) {
+                break;
+            }
             let free = concurrency - tasks.len();
             if free == 0 {
                 tokio::select! {
@@ -184,13 +190,11 @@ impl<S, C, Conn> Worker<S, C, Conn> {
                 }
                 continue;
             }
-            // NOTE: a read cancelled by shutdown may already have delivered entries to this
-            // consumer: they stay pending and are taken over after claim_idle, never lost.
-            let fetched = tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                fetched = fetch.next(&ctx, free) => fetched,
-            };
+            // NOTE: a read is never cancelled. A dropped XREADGROUP may still be queued in the
+            // connection and reach Redis later, handing entries to a consumer that has stopped
+            // (they would wait a claim_idle for a takeover). It returns within `block`; its
+            // entries then run within the shutdown grace.
+            let fetched = fetch.next(&ctx, free).await;
             match fetched {
                 Ok(batch) => {
                     for (entry, deliveries) in batch {
@@ -221,6 +225,12 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         let _ = tokio::time::timeout(command_timeout * 2, &mut acker.0).await;
         report
     }
+}
+
+/// Whether `future` has completed, without waiting for it.
+fn is_ready<F: Future<Output = ()>>(future: Pin<&mut F>) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    future.poll(&mut cx).is_ready()
 }
 
 /// Aborts a helper task when the run future is dropped mid-way.
