@@ -48,7 +48,7 @@
 //! | `Ok` (classified `Success`) | `XACK`, batched with other finished jobs |
 //! | `Err` classified `Retry` (default: any error not marked permanent), or the job deadline passes | nothing: stays pending, redelivered after `claim_idle` |
 //! | `Err` classified `Stop` ([`JobError::permanent`]) | `MULTI; XADD <s>:dead ...; XACK; EXEC` (`reason` `permanent`) |
-//! | shutdown | stop reading; in-flight jobs finish within the grace period and are acknowledged; the rest stay pending |
+//! | shutdown | stop reading (a read in progress finishes, within `BLOCK`); in-flight jobs finish within the grace period and are acknowledged; the rest stay pending |
 //! | Redis unreachable | back off (100 ms doubling to 5 s; a warning on the 1st, 2nd, 4th, 8th... failure in a row), reconnect, recreate the group if it was lost |
 //!
 //! Delivery counts come from Redis, not memory, so they survive crashes. Dead letters carry
