@@ -154,6 +154,7 @@ impl<S, C, Conn> Worker<S, C, Conn> {
     {
         let config = self.config;
         let concurrency = config.concurrency;
+        let refill_at = (concurrency / 4).max(1);
         let (acks, ack_rx) = mpsc::channel(concurrency);
         let mut acker = AbortOnDrop(tokio::spawn(consume::ack_loop(
             self.conn.clone(),
@@ -182,7 +183,9 @@ impl<S, C, Conn> Worker<S, C, Conn> {
                 break;
             }
             let free = concurrency - tasks.len();
-            if free == 0 {
+            // Refill in batches: with jobs still running, wait until a quarter of the slots is
+            // free, so one read serves many jobs instead of one read per finished job.
+            if free == 0 || (free < refill_at && !tasks.is_empty()) {
                 tokio::select! {
                     biased;
                     () = &mut shutdown => break,
