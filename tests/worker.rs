@@ -81,13 +81,18 @@ async fn xadd<C: ConnectionLike + Send>(
         .unwrap()
 }
 
+/// Entries pending in group `workers` (0 before the group exists).
 async fn pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> u64 {
-    let reply: Value = redis::cmd("XPENDING")
+    let reply: Value = match redis::cmd("XPENDING")
         .arg(stream)
         .arg("workers")
         .query_async(conn)
         .await
-        .unwrap();
+    {
+        Ok(reply) => reply,
+        Err(e) if e.code() == Some("NOGROUP") => return 0,
+        Err(e) => panic!("XPENDING: {e}"),
+    };
     match reply {
         Value::Array(parts) => match parts.first() {
             Some(Value::Int(n)) => *n as u64,
@@ -1001,5 +1006,52 @@ async fn an_entry_added_during_shutdown_is_not_swallowed_by_the_stopping_worker(
     eventually("the late entry ran", || async { log.calls("late") == 1 }).await;
     b.stop().await;
     assert_eq!(log.deliveries("late"), [1]);
+    assert_eq!(pending(&mut conn, "jobs").await, 0);
+}
+
+/// Backpressure: never more handlers running than `concurrency`, and never more entries read
+/// than there are slots (the rest wait in the stream, not in the worker's memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_bounds_running_handlers_and_entries_read() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let running = Arc::new(Mutex::new((0usize, 0usize))); // (now, max)
+    let gauge = running.clone();
+    let log = Log::default();
+    let counter = log.clone();
+    let svc = tower::service_fn(move |job: Job| {
+        let gauge = gauge.clone();
+        counter.record(&job);
+        async move {
+            {
+                let mut g = gauge.lock().unwrap();
+                g.0 += 1;
+                g.1 = g.1.max(g.0);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            gauge.lock().unwrap().0 -= 1;
+            Ok::<_, JobError>(())
+        }
+    });
+    for i in 0..12 {
+        xadd(&mut conn, "jobs", &format!("b{i}"), "{}").await;
+    }
+    let worker =
+        start!(Worker::connect(&server.url(), config("jobs", "w").concurrency(3), svc).unwrap());
+    let mut most_pending = 0;
+    let started = Instant::now();
+    while !(0..12).all(|i| log.calls(&format!("b{i}")) == 1) {
+        assert!(started.elapsed() < LIMIT, "timed out");
+        most_pending = most_pending.max(pending(&mut conn, "jobs").await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    worker.stop().await;
+    assert_eq!(
+        running.lock().unwrap().1,
+        3,
+        "at most (and here exactly) 3 at once"
+    );
+    // Read but unfinished, plus finished ones whose batched XACK is on its way.
+    assert!(most_pending <= 6, "{most_pending} entries pending at once");
     assert_eq!(pending(&mut conn, "jobs").await, 0);
 }
