@@ -15,6 +15,8 @@
 //!   deadline across attempts and a shared retry budget, for any service whose requests are
 //!   `Clone`; its HTTP form replays non-`Clone` bodies, retries only safe requests and stamps
 //!   idempotency keys. The layer ends an operation at its deadline whatever sits below it.
+//! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
+//!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
 //!
 //! # Example
 //!
@@ -101,6 +103,7 @@
 //! | `retry`       | yes     | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
+//! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`) |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `reqwest`     | no      | `retry::reqwest`: a `reqwest::Client` as a tower service; `send_with` for requests built the reqwest way |
 //! | `tonic`       | no      | `retry::tonic`: adapters for tonic clients (a `Channel` below, `tonic::Status` errors above) |
@@ -121,6 +124,12 @@
 //! | `tower_once_retry_budget_refusals_total` | counter | | retries the budget refused |
 //! | `tower_once_retry_give_ups_total` | counter | `reason`: `exhausted`, `deadline`, `budget` | operations that ended on a retryable outcome |
 //! | `tower_once_timeout_timeouts_total` | counter | `bound`: `limit`, `deadline`; `layer`: `timeout`, `http_body`, `server` | expiries |
+//! | `tower_once_worker_processed_total` | counter | | deliveries whose handler succeeded (acknowledged) |
+//! | `tower_once_worker_failed_total` | counter | | deliveries whose handler failed or missed its deadline |
+//! | `tower_once_worker_redelivered_total` | counter | | deliveries with a delivery count above 1 that reached the handler |
+//! | `tower_once_worker_dead_lettered_total` | counter | `reason`: `max_deliveries`, `permanent`, `malformed` | entries moved to the dead-letter stream |
+//! | `tower_once_worker_in_flight` | gauge | | handlers running now |
+//! | `tower_once_worker_group_lag` | gauge | | entries not yet delivered to the group (`XINFO GROUPS` `lag`, read every `claim_idle / 3`) |
 //!
 //! # Minimum supported Rust version
 //!
@@ -141,6 +150,10 @@ pub use tower_once_retry as retry;
 #[cfg(feature = "timeout")]
 #[doc(inline)]
 pub use tower_once_timeout as timeout;
+
+#[cfg(feature = "worker")]
+#[doc(inline)]
+pub use tower_once_worker as worker;
 
 /// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
 #[cfg(doctest)]

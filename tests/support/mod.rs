@@ -192,6 +192,11 @@ impl RedisCluster {
 
 /// An example binary (`examples/<name>`), which `cargo test` builds beside the tests.
 pub(crate) fn example_binary(name: &str) -> PathBuf {
+    example_binary_with(name, "redis retry")
+}
+
+/// [`example_binary`] for an example that needs other features to build.
+pub(crate) fn example_binary_with(name: &str, features: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let profile_dir = exe
         .parent()
@@ -201,7 +206,7 @@ pub(crate) fn example_binary(name: &str) -> PathBuf {
     if !binary.exists() {
         // `cargo test --test <name>` builds only that target: build the example too.
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", name, "--features", "redis retry"])
+            .args(["build", "--example", name, "--features", features])
             .status()
             .expect("run cargo build");
         assert!(status.success(), "building the {name} example failed");

@@ -1,0 +1,323 @@
+//! One delivery, start to finish, plus the two helpers every delivery relies on: the acker
+//! (batched `XACK`) and the refresher (keeps in-flight entries from being taken over).
+
+use crate::config::WorkerConfig;
+use crate::dead_letter::{self, DeadReason, Letter};
+use crate::job::{Job, JobId};
+use crate::metrics::{self, JobOutcome};
+use crate::streams::{self, Entry, REFRESH_SCRIPT};
+use bytes::Bytes;
+use pin_project_lite::pin_project;
+use redis::aio::ConnectionLike;
+use redis::{Script, Value};
+use std::collections::HashSet;
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+use tower_once_retry::classify::{Action, Classify};
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+use tracing::Instrument;
+
+/// The longest error text kept in a dead letter.
+const MAX_ERROR_TEXT: usize = 1024;
+
+/// What every delivery task shares.
+pub(crate) struct Ctx<C, Conn> {
+    pub(crate) config: WorkerConfig,
+    pub(crate) classifier: C,
+    pub(crate) conn: Conn,
+    /// Ids of entries whose handler is running; at most `concurrency` of them.
+    pub(crate) in_flight: Mutex<HashSet<String>>,
+    pub(crate) acks: mpsc::Sender<String>,
+}
+
+/// Keeps an entry in the refresher's set while its handler runs.
+struct InFlight<'a>(&'a Mutex<HashSet<String>>, String);
+
+impl<'a> InFlight<'a> {
+    fn enter(set: &'a Mutex<HashSet<String>>, id: &str) -> Self {
+        set.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned());
+        metrics::in_flight(1.0);
+        Self(set, id.to_owned())
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.1);
+        metrics::in_flight(-1.0);
+    }
+}
+
+pin_project! {
+    /// Polls the handler inside the delivery's [`Deadline::scope`]: not only its `call` but
+    /// every poll, so layers the handler calls from its own future (an `async fn` body calling a
+    /// `TimeoutLayer`-wrapped client) see the deadline too.
+    struct InScope<F> {
+        deadline: Deadline,
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F: Future> Future for InScope<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        this.deadline.scope(|| this.inner.poll(cx))
+    }
+}
+
+/// Runs one delivery: dead-letter it unrun, or call the handler and act on the outcome.
+pub(crate) async fn process<S, C, Conn>(
+    ctx: Arc<Ctx<C, Conn>>,
+    service: S,
+    entry: Entry,
+    deliveries: u64,
+) -> JobOutcome
+where
+    S: Service<Job>,
+    S::Error: fmt::Display,
+    C: Classify<S::Response, S::Error>,
+    Conn: ConnectionLike + Clone + Send,
+{
+    let job_id = entry.field(b"job_id").and_then(JobId::from_field);
+    let span = tracing::info_span!(
+        "job",
+        job_id = job_id.as_ref().map_or("", JobId::as_str),
+        stream_id = %entry.id,
+        deliveries,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let outcome = deliver(&ctx, service, &entry, job_id, deliveries).await;
+        tracing::Span::current().record("outcome", outcome.as_str());
+        tracing::debug!("delivery finished");
+        outcome
+    }
+    .instrument(span)
+    .await
+}
+
+async fn deliver<S, C, Conn>(
+    ctx: &Ctx<C, Conn>,
+    mut service: S,
+    entry: &Entry,
+    job_id: Option<JobId>,
+    deliveries: u64,
+) -> JobOutcome
+where
+    S: Service<Job>,
+    S::Error: fmt::Display,
+    C: Classify<S::Response, S::Error>,
+    Conn: ConnectionLike + Clone + Send,
+{
+    let Some(job_id) = job_id else {
+        return dead_letter(
+            ctx,
+            entry,
+            DeadReason::Malformed,
+            deliveries,
+            "no valid job_id field",
+        )
+        .await;
+    };
+    if deliveries > ctx.config.max_deliveries {
+        return dead_letter(ctx, entry, DeadReason::MaxDeliveries, deliveries, "").await;
+    }
+    if deliveries > 1 {
+        metrics::redelivered();
+    }
+    let _in_flight = InFlight::enter(&ctx.in_flight, &entry.id);
+    let deadline = Deadline::after(ctx.config.job_deadline);
+    let payload = Bytes::copy_from_slice(entry.field(b"payload").unwrap_or_default());
+    let job = Job::new(entry.id.clone(), job_id, payload, deliveries).with_deadline(deadline);
+    let run = InScope {
+        deadline,
+        inner: async {
+            std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+            service.call(job).await
+        },
+    };
+    let Ok(result) = tokio::time::timeout_at(deadline.instant(), run).await else {
+        tracing::warn!("job deadline passed; left pending for redelivery");
+        metrics::failed();
+        return JobOutcome::LeftPending;
+    };
+    match ctx.classifier.classify(&result) {
+        Action::Success => {
+            metrics::processed();
+            // The acker only stops once every task (and so this sender) is gone.
+            if ctx.acks.send(entry.id.clone()).await.is_err() {
+                return JobOutcome::LeftPending;
+            }
+            JobOutcome::Acked
+        }
+        Action::Retry { .. } => {
+            metrics::failed();
+            if let Err(e) = &result {
+                tracing::info!(error = %e, "transient failure; left pending for redelivery");
+            }
+            JobOutcome::LeftPending
+        }
+        Action::Stop => {
+            metrics::failed();
+            let error = match &result {
+                Err(e) => error_text(e),
+                Ok(_) => "the outcome classified as permanent".to_owned(),
+            };
+            dead_letter(ctx, entry, DeadReason::Permanent, deliveries, &error).await
+        }
+    }
+}
+
+fn error_text(e: &impl fmt::Display) -> String {
+    let mut text = String::new();
+    let _ = write!(text, "{e}");
+    if text.len() > MAX_ERROR_TEXT {
+        let mut end = MAX_ERROR_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+async fn dead_letter<C, Conn>(
+    ctx: &Ctx<C, Conn>,
+    entry: &Entry,
+    reason: DeadReason,
+    deliveries: u64,
+    error: &str,
+) -> JobOutcome
+where
+    Conn: ConnectionLike + Clone + Send,
+{
+    let config = &ctx.config;
+    let names = (
+        config.stream.as_str(),
+        config.group.as_str(),
+        config.dead_letter.as_str(),
+    );
+    let letter = Letter {
+        entry,
+        reason,
+        deliveries,
+        error,
+        consumer: &config.consumer,
+    };
+    match dead_letter::dead_letter(&mut ctx.conn.clone(), names, letter, config.command_timeout)
+        .await
+    {
+        Ok(()) => {
+            metrics::dead_lettered(reason.as_str());
+            tracing::warn!(reason = reason.as_str(), error, "dead-lettered");
+            JobOutcome::DeadLettered
+        }
+        Err(e) => {
+            // Still pending: a later delivery dead-letters it again.
+            tracing::warn!(error = %e, "could not dead-letter; left pending");
+            JobOutcome::LeftPending
+        }
+    }
+}
+
+/// Acknowledges in batches: whatever is queued when the previous `XACK` returns goes in the
+/// next one. Safe because `XACK` is idempotent and order-free; a lost ack only means a
+/// redelivery, which run-once turns into a duplicate.
+pub(crate) async fn ack_loop<Conn>(
+    mut conn: Conn,
+    config: WorkerConfig,
+    mut rx: mpsc::Receiver<String>,
+    max: usize,
+) where
+    Conn: ConnectionLike + Send,
+{
+    let mut batch = Vec::with_capacity(max);
+    while rx.recv_many(&mut batch, max).await > 0 {
+        let cmd = streams::ack_cmd(&config.stream, &config.group, &batch);
+        let mut last = None;
+        for attempt in 0..3u32 {
+            match streams::query::<_, Value>(&mut conn, &cmd, config.command_timeout).await {
+                Ok(_) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
+        }
+        if let Some(e) = last {
+            tracing::warn!(error = %e, entries = batch.len(), "XACK failed; the entries will be redelivered");
+        }
+        batch.clear();
+    }
+}
+
+/// Every third of `claim_idle`, resets the idle time of the entries whose handlers run here,
+/// so no other consumer takes them over; a dead worker stops doing it and loses them. With the
+/// `metrics` feature it also reports the group's lag (`XINFO GROUPS`) at the same pace.
+pub(crate) async fn refresh_loop<C, Conn>(ctx: Arc<Ctx<C, Conn>>)
+where
+    Conn: ConnectionLike + Clone + Send,
+{
+    let script = Script::new(REFRESH_SCRIPT);
+    let mut tick = tokio::time::interval(ctx.config.refresh_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn = ctx.conn.clone();
+    loop {
+        tick.tick().await;
+        if metrics::GROUP_LAG {
+            let (stream, group) = (&ctx.config.stream, &ctx.config.group);
+            let timeout = ctx.config.command_timeout;
+            if let Ok(Some(lag)) = streams::group_lag(&mut conn, stream, group, timeout).await {
+                metrics::group_lag(lag);
+            }
+        }
+        let ids: Vec<String> = ctx
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mut invocation = script.key(&ctx.config.stream);
+        invocation
+            .arg(&ctx.config.group)
+            .arg(&ctx.config.consumer)
+            .arg(&ids);
+        let sent = tokio::time::timeout(
+            ctx.config.command_timeout,
+            invocation.invoke_async::<Vec<String>>(&mut conn),
+        )
+        .await;
+        match sent {
+            Ok(Ok(kept)) if kept.len() < ids.len() => {
+                let kept: HashSet<&String> = kept.iter().collect();
+                let mut set = ctx.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+                for lost in ids.iter().filter(|id| !kept.contains(id)) {
+                    // Warned once: it is no longer ours to refresh.
+                    set.remove(lost);
+                    tracing::warn!(stream_id = %lost, "entry was taken over by another consumer while running here");
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "refreshing in-flight entries failed"),
+            Err(_) => tracing::warn!("refreshing in-flight entries timed out"),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! A Redis Streams worker for tower: each stream entry becomes a [`Job`] handed to any
+//! `tower::Service<Job>`, delivered at least once, redelivered after crashes, dead-lettered
+//! when no delivery can succeed, and run once per job id with [`RunOnceLayer`].
+//!
+//! Because the handler is a service, the same layers that guard an HTTP client guard a job: a
+//! `RetryLayer` absorbs seconds-long blips inside one delivery, a `TimeoutLayer` caps each
+//! attempt by what is left of the delivery's [`Deadline`](tower_once_timeout::Deadline),
+//! redelivery absorbs crashes, and the dead-letter stream takes what no retry can fix.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_once_idempotency::store::MemoryStore;
+//! use tower_once_retry::RetryLayer;
+//! use tower_once_worker::{classify::JobClassifier, Job, JobError, RunOnceLayer, Worker, WorkerConfig};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let handler = ServiceBuilder::new()
+//!     .layer(RunOnceLayer::new(MemoryStore::new()))
+//!     .layer(RetryLayer::new().classify(JobClassifier).max_attempts(4))
+//!     .service_fn(|job: Job| async move {
+//!         println!("sending mail for {}", job.job_id());
+//!         Ok::<_, JobError>(())
+//!     });
+//! let config = WorkerConfig::new("{jobs}", "mailers").claim_idle(Duration::from_secs(30));
+//! let worker = Worker::connect("redis://127.0.0.1:6379", config, handler)?;
+//! let report = worker.run(async { let _ = tokio::signal::ctrl_c().await; }).await;
+//! println!("{report:?}");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Jobs are added by [`Producer::enqueue`], or by anyone with
+//! `XADD <stream> * job_id <id> payload <bytes>`.
+//!
+//! # Semantics
+//!
+//! | delivery | Redis action |
+//! |---|---|
+//! | new entry | `XREADGROUP GROUP <g> <me> COUNT <free slots> BLOCK <ms> STREAMS <s> >` (delivery count 1) |
+//! | entry idle > `claim_idle` in any consumer (crashed, or left pending) | `XAUTOCLAIM` (cursor kept between calls), delivery counts from one `XPENDING` per batch (plus one per entry a long pending list pushed out of its reply) |
+//! | delivery count > `max_deliveries` | dead-lettered (`reason` `max_deliveries`), handler not called |
+//! | no valid `job_id` field | dead-lettered (`reason` `malformed`), handler not called |
+//! | handler running | `XCLAIM <s> <g> <me> 0 <id> JUSTID` every `claim_idle / 3` for entries still ours (one script call for all) |
+//! | `Ok` (classified `Success`) | `XACK`, batched with other finished jobs |
+//! | `Err` classified `Retry` (default: any error not marked permanent), or the job deadline passes | nothing: stays pending, redelivered after `claim_idle` |
+//! | `Err` classified `Stop` ([`JobError::permanent`]) | `MULTI; XADD <s>:dead ...; XACK; EXEC` (`reason` `permanent`) |
+//! | shutdown | stop reading (a read in progress finishes, within `BLOCK`); in-flight jobs finish within the grace period and are acknowledged; the rest stay pending |
+//! | Redis unreachable | back off (100 ms doubling to 5 s; a warning on the 1st, 2nd, 4th, 8th... failure in a row), reconnect, recreate the group if it was lost |
+//!
+//! Delivery counts come from Redis, not memory, so they survive crashes. Dead letters carry
+//! `job_id`, `payload`, `reason`, `deliveries`, `stream_id`, `error`, `consumer`, `dead_at`
+//! ([`dead_letter`]). On Redis Cluster, give the stream a hash tag (`{jobs}`) so
+//! `{jobs}:dead` shares its slot and dead-lettering stays one transaction.
+//!
+//! Throughput costs per job, amortised: one `XREADGROUP` per batch, one `XACK` per batch of
+//! finished jobs; `XAUTOCLAIM` every `claim_idle / 2` (plus one `XPENDING` when it found
+//! something); the refresh every `claim_idle / 3` while jobs run.
+//!
+//! # Compared with a plain (Sidekiq-style) worker
+//!
+//! | | a plain `XREADGROUP`/`XACK` loop, or Sidekiq | this worker |
+//! |---|---|---|
+//! | handler | a function | a `tower::Service<Job>`: retry, timeout and run-once layers compose |
+//! | crash mid-job | the entry sits in a dead consumer's pending list until someone reclaims it by hand (Sidekiq OSS loses it) | taken over after `claim_idle` with its delivery count + 1 |
+//! | slow job vs `claim_idle` | `claim_idle` must exceed the slowest job, or it runs twice | the live worker refreshes its claim; only dead workers lose jobs |
+//! | retry counts | kept in memory or in the payload | Redis's delivery count, which survives crashes |
+//! | poison messages | retried forever, or dropped | dead-lettered after `max_deliveries`, or at once when permanent; listed and requeued with [`DeadLetters`](dead_letter::DeadLetters) |
+//! | duplicate delivery / enqueue | effect runs twice | [`RunOnceLayer`]: once per job id |
+//! | backpressure | read everything, queue in memory | never reads more than free slots |
+//! | per-delivery deadline | none | a [`Deadline`](tower_once_timeout::Deadline) in scope for every poll of the handler, and on the job |
+//!
+//! # Feature flags
+//!
+//! | feature | enables |
+//! |---|---|
+//! | `metrics` | counters `tower_once_worker_processed_total`, `tower_once_worker_failed_total`, `tower_once_worker_redelivered_total`, `tower_once_worker_dead_lettered_total{reason}` and the gauges `tower_once_worker_in_flight` and `tower_once_worker_group_lag` (`XINFO GROUPS` `lag`), through the `metrics` facade |
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.88. Raising it is a minor-version change.
+
+// Library code never unwraps: a panic on input is a bug (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod classify;
+pub mod config;
+mod consume;
+pub mod dead_letter;
+mod error;
+mod fetch;
+mod job;
+mod metrics;
+mod producer;
+pub mod run_once;
+mod streams;
+mod worker;
+
+pub use self::config::{default_consumer_name, ConfigError, WorkerConfig};
+pub use self::error::{BoxError, JobError, WorkerError};
+pub use self::job::{Job, JobId, JOB_ID_NAMESPACE};
+pub use self::metrics::JobOutcome;
+pub use self::producer::Producer;
+pub use self::run_once::{RunOnceLayer, RunOnceOutcome};
+pub use self::worker::{RunReport, Worker};
+
+/// The `redis` client this crate is built on, to make connections of the matching version.
+pub use ::redis;

@@ -1,0 +1,78 @@
+//! The error of [`RunOnce`](super::RunOnce).
+
+use std::fmt;
+use tower_once_idempotency::store::StoreError;
+
+/// Why [`RunOnce`](super::RunOnce) returned no outcome: the handler's error, a concurrent delivery, or the
+/// store.
+#[derive(Debug)]
+pub struct RunOnceError<E>(pub(super) Repr<E>);
+
+#[derive(Debug)]
+pub(super) enum Repr<E> {
+    Inner(E),
+    InProgress,
+    Store(StoreError),
+}
+
+impl<E> RunOnceError<E> {
+    pub(crate) fn inner(e: E) -> Self {
+        Self(Repr::Inner(e))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn in_progress() -> Self {
+        Self(Repr::InProgress)
+    }
+
+    /// The handler ran and failed (its claim was released, so a redelivery runs it again).
+    pub fn is_inner(&self) -> bool {
+        matches!(self.0, Repr::Inner(_))
+    }
+
+    /// Another delivery of the same job id holds the claim; the handler did not run.
+    pub fn is_in_progress(&self) -> bool {
+        matches!(self.0, Repr::InProgress)
+    }
+
+    /// The store failed; the handler did not run.
+    pub fn is_store(&self) -> bool {
+        matches!(self.0, Repr::Store(_))
+    }
+
+    /// The handler's error.
+    pub fn get_inner(&self) -> Option<&E> {
+        match &self.0 {
+            Repr::Inner(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The handler's error, consuming this one.
+    pub fn into_inner(self) -> Option<E> {
+        match self.0 {
+            Repr::Inner(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RunOnceError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Inner(e) => fmt::Display::fmt(e, f),
+            Repr::InProgress => f.write_str("another delivery of this job id is running"),
+            Repr::Store(e) => write!(f, "run-once store: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RunOnceError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            Repr::Inner(e) => Some(e),
+            Repr::InProgress => None,
+            Repr::Store(e) => Some(e),
+        }
+    }
+}

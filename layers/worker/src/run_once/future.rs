@@ -1,0 +1,261 @@
+//! The future of [`RunOnce`](super::RunOnce): claim, run (renewing the lease), then complete or
+//! release.
+
+use super::error::{Repr, RunOnceError};
+use super::RunOnceOutcome;
+use crate::job::Job;
+use bytes::Bytes;
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+use tower_once_idempotency::store::{
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoreKey,
+    StoredResponse,
+};
+use tower_service::Service;
+
+pin_project! {
+    /// The future of [`RunOnce`]: claim, run (renewing the lease), then complete or release.
+    pub struct ResponseFuture<S, St>
+    where
+        S: Service<Job>,
+        St: IdempotencyStore,
+    {
+        store: St,
+        key: StoreKey,
+        token: ClaimToken,
+        lease: Duration,
+        retention: Duration,
+        #[pin]
+        state: State<S, St>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, St>
+    where
+        S: Service<Job>,
+        St: IdempotencyStore,
+    {
+        Claiming { claim: St::ClaimFuture, inner: Option<(S, Job)> },
+        Running {
+            #[pin]
+            future: S::Future,
+            #[pin]
+            renew_at: Sleep,
+            extend: Option<St::ExtendFuture>,
+        },
+        Completing { complete: St::CompleteFuture, response: Option<S::Response> },
+        Releasing { release: St::ReleaseFuture, error: Option<S::Error> },
+    }
+}
+
+impl<S: Service<Job>, St: IdempotencyStore> ResponseFuture<S, St> {
+    pub(super) fn new(
+        store: St,
+        (key, token): (StoreKey, ClaimToken),
+        (lease, retention): (Duration, Duration),
+        claim: St::ClaimFuture,
+        inner: (S, Job),
+    ) -> Self {
+        Self {
+            store,
+            key,
+            token,
+            lease,
+            retention,
+            state: State::Claiming {
+                claim,
+                inner: Some(inner),
+            },
+        }
+    }
+}
+
+impl<S: Service<Job>, St: IdempotencyStore> fmt::Debug for ResponseFuture<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Claiming { .. } => "claiming",
+            State::Running { .. } => "running",
+            State::Completing { .. } => "completing",
+            State::Releasing { .. } => "releasing",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("key", &self.key)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+type Output<S> =
+    Result<RunOnceOutcome<<S as Service<Job>>::Response>, RunOnceError<<S as Service<Job>>::Error>>;
+
+impl<S, St> Future for ResponseFuture<S, St>
+where
+    S: Service<Job>,
+    St: IdempotencyStore,
+{
+    type Output = Output<S>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Claiming { claim, inner } => {
+                    let claimed = ready!(Pin::new(claim).poll(cx));
+                    match start(claimed, inner, *this.lease) {
+                        Ok(state) => state,
+                        Err(output) => return Poll::Ready(output),
+                    }
+                }
+                StateProj::Running {
+                    future,
+                    renew_at,
+                    extend,
+                } => {
+                    let renewal = Renewal {
+                        store: this.store,
+                        key: *this.key,
+                        token: *this.token,
+                        lease: *this.lease,
+                    };
+                    renewal.poll(cx, renew_at, extend);
+                    let result = ready!(future.poll(cx));
+                    finish(result, this.store, *this.key, *this.token, *this.retention)
+                }
+                StateProj::Completing { complete, response } => {
+                    let stored = ready!(Pin::new(complete).poll(cx));
+                    if !matches!(stored, Ok(true)) {
+                        // The effect happened; only the record of it is missing. Acknowledge.
+                        tracing::warn!(key = %this.key, ?stored, "run-once: could not record the job as done");
+                    }
+                    return Poll::Ready(match response.take() {
+                        Some(r) => Ok(RunOnceOutcome::Done(r)),
+                        None => Err(RunOnceError(Repr::Store(StoreError::corrupt(
+                            "polled after completion",
+                        )))),
+                    });
+                }
+                StateProj::Releasing { release, error } => {
+                    let _ = ready!(Pin::new(release).poll(cx));
+                    return Poll::Ready(match error.take() {
+                        Some(e) => Err(RunOnceError::inner(e)),
+                        None => Err(RunOnceError(Repr::Store(StoreError::corrupt(
+                            "polled after completion",
+                        )))),
+                    });
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+/// After the claim: run the handler, or answer without it.
+fn start<S, St>(
+    claimed: Result<ClaimOutcome, StoreError>,
+    inner: &mut Option<(S, Job)>,
+    lease: Duration,
+) -> Result<State<S, St>, Output<S>>
+where
+    S: Service<Job>,
+    St: IdempotencyStore,
+{
+    match claimed {
+        Ok(ClaimOutcome::Claimed) => {}
+        Ok(ClaimOutcome::Existing(record)) => {
+            return Err(match record.state {
+                RecordState::InProgress { .. } => Err(RunOnceError(Repr::InProgress)),
+                RecordState::Completed(_) | RecordState::NotReplayable => {
+                    Ok(RunOnceOutcome::Duplicate)
+                }
+            })
+        }
+        Err(e) => return Err(Err(RunOnceError(Repr::Store(e)))),
+    }
+    let Some((mut service, job)) = inner.take() else {
+        return Err(Err(RunOnceError(Repr::Store(StoreError::corrupt(
+            "polled after completion",
+        )))));
+    };
+    // The handler is called after the claim, outside the worker's `call`: put the delivery's
+    // deadline back in scope so a `TimeoutLayer`/`RetryLayer` inside still sees it.
+    let future = match job.deadline() {
+        Some(deadline) => deadline.scope(|| service.call(job)),
+        None => service.call(job),
+    };
+    Ok(State::Running {
+        future,
+        renew_at: tokio::time::sleep(lease / 3),
+        extend: None,
+    })
+}
+
+/// After the handler: record the job done, or release the claim so a redelivery runs it.
+fn finish<S, St>(
+    result: Result<S::Response, S::Error>,
+    store: &St,
+    key: StoreKey,
+    token: ClaimToken,
+    retention: Duration,
+) -> State<S, St>
+where
+    S: Service<Job>,
+    St: IdempotencyStore,
+{
+    match result {
+        Ok(response) => {
+            let done =
+                StoredResponse::new(http::StatusCode::OK, http::HeaderMap::new(), Bytes::new());
+            State::Completing {
+                complete: store.complete(key, token, Completion::Response(done), retention),
+                response: Some(response),
+            }
+        }
+        Err(error) => State::Releasing {
+            release: store.release(key, token),
+            error: Some(error),
+        },
+    }
+}
+
+/// Renews the claim's lease every third of it while the handler runs.
+struct Renewal<'a, St> {
+    store: &'a St,
+    key: StoreKey,
+    token: ClaimToken,
+    lease: Duration,
+}
+
+impl<St: IdempotencyStore> Renewal<'_, St> {
+    fn poll(
+        &self,
+        cx: &mut Context<'_>,
+        mut renew_at: Pin<&mut Sleep>,
+        extend: &mut Option<St::ExtendFuture>,
+    ) {
+        // At most two rounds: finish a pending renewal, then start (and poll) the next one.
+        for _ in 0..2 {
+            if let Some(pending) = extend {
+                match Pin::new(pending).poll(cx) {
+                    Poll::Pending => return,
+                    Poll::Ready(Ok(true)) => {}
+                    Poll::Ready(other) => {
+                        tracing::warn!(key = %self.key, ?other, "run-once: lease renewal failed");
+                    }
+                }
+                *extend = None;
+            }
+            if renew_at.as_mut().poll(cx).is_pending() {
+                return;
+            }
+            renew_at.as_mut().reset(Instant::now() + self.lease / 3);
+            *extend = Some(self.store.extend(self.key, self.token, self.lease));
+        }
+    }
+}

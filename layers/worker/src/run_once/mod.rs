@@ -1,0 +1,209 @@
+//! Run a job's effect once per job id, on any [`IdempotencyStore`].
+//!
+//! Streams deliver at least once: a worker that dies after the effect but before `XACK` has its
+//! entry redelivered, and a producer retried by its caller enqueues the same job id twice.
+//! [`RunOnceLayer`] claims the job id in the store before the handler runs:
+//!
+//! | the store has the job id | the layer | the worker then |
+//! |---|---|---|
+//! | nothing (or an expired claim) | claims it, runs the handler; `Ok` → records it done, `Err` → releases the claim | acts on the handler's outcome |
+//! | done | returns [`RunOnceOutcome::Duplicate`], the handler does not run | `XACK` |
+//! | in progress (another delivery is running it) | returns an error that [`is_in_progress`](RunOnceError::is_in_progress) | leaves it pending (transient) |
+//! | store unreachable | returns an error that [`is_store`](RunOnceError::is_store) | leaves it pending (transient) |
+//!
+//! While the handler runs, the claim's lease is renewed every third of it, so a slow handler
+//! keeps it and a dead worker's claim expires within one lease. The record is kept for the
+//! retention period (default 24 h): a duplicate arriving later runs again.
+//!
+//! # What it cannot do
+//!
+//! The effect and the "done" record are two writes. A worker that dies between them leaves
+//! the claim in progress; once its lease expires the job runs again. Where that window
+//! matters, make the effect itself idempotent (write it, keyed by the job id, in the same
+//! transaction as your data: the outbox pattern).
+
+mod error;
+mod future;
+
+pub use self::error::RunOnceError;
+pub use self::future::ResponseFuture;
+
+use crate::job::{Job, JobId};
+use sha2::{Digest, Sha256};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_layer::Layer;
+use tower_once_idempotency::fingerprint::Fingerprint;
+use tower_once_idempotency::store::{ClaimToken, IdempotencyStore, StoreKey};
+use tower_service::Service;
+
+/// Default lease of a run-once claim.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default retention of a "done" record.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// The store key of a job id: SHA-256 over a fixed prefix and the id, so job records never
+/// collide with the HTTP idempotency records in the same store.
+pub fn job_store_key(job_id: &JobId) -> StoreKey {
+    let mut hasher = Sha256::new();
+    hasher.update(b"tower-once/job/v1\0");
+    hasher.update(job_id.as_str().as_bytes());
+    StoreKey::from_bytes(hasher.finalize().into())
+}
+
+/// Wraps a handler so each job id's effect runs once. See the [module docs](self).
+///
+/// ```
+/// use tower::{Layer, ServiceExt};
+/// use tower_once_idempotency::store::MemoryStore;
+/// use tower_once_worker::{Job, JobError, JobId, RunOnceLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RunOnceLayer::new(MemoryStore::new());
+/// let handler = tower::service_fn(|_job: Job| async { Ok::<_, JobError>("sent") });
+/// let job = Job::new("1-0", JobId::new("welcome-mail-7").unwrap(), "{}", 1);
+/// let first = layer.layer(handler).oneshot(job.clone()).await.unwrap();
+/// assert!(!first.is_duplicate());
+/// let again = layer.layer(handler).oneshot(job).await.unwrap();
+/// assert!(again.is_duplicate()); // the handler did not run
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RunOnceLayer<St> {
+    store: St,
+    lease: Duration,
+    retention: Duration,
+}
+
+impl<St> RunOnceLayer<St> {
+    /// Run-once on `store`, with a 30 s lease and 24 h retention.
+    pub const fn new(store: St) -> Self {
+        Self {
+            store,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+
+    /// How long a claim lives without renewal; renewed every third of it while the handler
+    /// runs. A delivery arriving while a dead worker's claim is unexpired is left pending
+    /// (and counts as a delivery). Under a [`Worker`](crate::Worker), use at most half its
+    /// `claim_idle`: the crashed delivery's claim has then always expired by the time its
+    /// entry is taken over.
+    ///
+    /// # Panics
+    ///
+    /// If `lease` is under 3 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        assert!(
+            lease >= Duration::from_millis(3),
+            "RunOnceLayer::lease must be at least 3 ms"
+        );
+        self.lease = lease;
+        self
+    }
+
+    /// How long a "done" record is kept (duplicates within it are acknowledged unrun).
+    ///
+    /// # Panics
+    ///
+    /// If `retention` is zero.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        assert!(
+            !retention.is_zero(),
+            "RunOnceLayer::retention must not be zero"
+        );
+        self.retention = retention;
+        self
+    }
+}
+
+impl<S, St: Clone> Layer<S> for RunOnceLayer<St> {
+    type Service = RunOnce<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RunOnce {
+            inner,
+            store: self.store.clone(),
+            lease: self.lease,
+            retention: self.retention,
+        }
+    }
+}
+
+/// The service of [`RunOnceLayer`].
+#[derive(Debug, Clone)]
+pub struct RunOnce<S, St> {
+    inner: S,
+    store: St,
+    lease: Duration,
+    retention: Duration,
+}
+
+impl<S, St> Service<Job> for RunOnce<S, St>
+where
+    S: Service<Job> + Clone,
+    St: IdempotencyStore,
+{
+    type Response = RunOnceOutcome<S::Response>;
+    type Error = RunOnceError<S::Error>;
+    type Future = ResponseFuture<S, St>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(RunOnceError::inner)
+    }
+
+    fn call(&mut self, job: Job) -> Self::Future {
+        // The ready service goes into the future; the clone stays for the next poll_ready.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let key = job_store_key(job.job_id());
+        let token = ClaimToken::new();
+        let claim = self.store.claim(
+            key,
+            token,
+            Fingerprint::from_bytes(*key.as_bytes()),
+            self.lease,
+        );
+        ResponseFuture::new(
+            self.store.clone(),
+            (key, token),
+            (self.lease, self.retention),
+            claim,
+            (inner, job),
+        )
+    }
+}
+
+/// How a job went through [`RunOnce`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOnceOutcome<R> {
+    /// The handler ran (this delivery) and returned this.
+    Done(R),
+    /// The job id's effect was already done; the handler did not run.
+    Duplicate,
+}
+
+impl<R> RunOnceOutcome<R> {
+    /// Whether the handler was skipped as a duplicate.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Self::Duplicate)
+    }
+
+    /// The handler's response, if it ran.
+    pub fn into_response(self) -> Option<R> {
+        match self {
+            Self::Done(r) => Some(r),
+            Self::Duplicate => None,
+        }
+    }
+
+    /// A stable name for logs: `done` or `duplicate`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Done(_) => "done",
+            Self::Duplicate => "duplicate",
+        }
+    }
+}
