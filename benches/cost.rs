@@ -2,7 +2,8 @@
 //! (a counting global allocator, `dhat` in testing mode) and, under
 //! `valgrind --tool=callgrind`, instructions. Counts are stable on a noisy machine, unlike
 //! nanoseconds. Peers run in the same binary: a bare axum handler, `tower::retry`,
-//! `tower::timeout` and `tower-resilience`'s retry.
+//! `tower::timeout` and `tower-resilience`'s retry. Every `u64` service (the bare one
+//! included) is boxed the same way, so compare each with `no_retry`, not with zero.
 //!
 //! ```sh
 //! cargo bench --bench cost               # allocations per request, every case
@@ -97,29 +98,36 @@ impl tower::retry::Policy<u64, u64, Failed> for Attempts {
     }
 }
 
-async fn once<S>(svc: &S)
-where
-    S: Service<u64, Response = u64> + Clone,
-    S::Error: std::fmt::Debug,
-{
-    svc.clone().oneshot(41).await.expect("happy path");
+/// `n` calls on one service (no clone per call: a boxed service's clone would allocate).
+async fn calls(svc: &BoxSvc, n: u64) {
+    let mut svc = svc.clone();
+    for _ in 0..n {
+        let ready = svc.ready().await.expect("ready");
+        ready.call(41).await.expect("happy path");
+    }
 }
 
-/// Runs `n` requests of `case`; `key` numbers fresh keys so every run is a new one.
+/// Runs `n` requests of `case`; fresh keys are numbered so every run is a new one.
 async fn run(case: &str, n: u64, routers: &Routers) {
     let body = Bytes::from(vec![b'a'; 1024]);
+    let svc = match case {
+        "bare" | "fresh" | "replay" => None,
+        "no_retry" => Some(&routers.bare_svc),
+        "tower_retry" => Some(&routers.tower_retry),
+        "resilience_retry" => Some(&routers.resilience),
+        "once_retry" => Some(&routers.once_retry),
+        "tower_timeout" => Some(&routers.tower_timeout),
+        "once_timeout" => Some(&routers.once_timeout),
+        other => panic!("unknown case {other}; one of {CASES:?}"),
+    };
+    if let Some(svc) = svc {
+        return calls(svc, n).await;
+    }
     for i in 0..n {
         match case {
             "bare" => call(&routers.bare, request("k", &body)).await,
             "fresh" => call(&routers.layered, request(&format!("f-{i}"), &body)).await,
-            "replay" => call(&routers.layered, request("replayed", &body)).await,
-            "no_retry" => once(&inner()).await,
-            "tower_retry" => once(&routers.tower_retry).await,
-            "resilience_retry" => once(&routers.resilience).await,
-            "once_retry" => once(&routers.once_retry).await,
-            "tower_timeout" => once(&routers.tower_timeout).await,
-            "once_timeout" => once(&routers.once_timeout).await,
-            other => panic!("unknown case {other}; one of {CASES:?}"),
+            _ => call(&routers.layered, request("replayed", &body)).await,
         }
     }
 }
@@ -128,6 +136,7 @@ type BoxSvc = tower::util::BoxCloneSyncService<u64, u64, tower::BoxError>;
 
 struct Routers {
     bare: Router,
+    bare_svc: BoxSvc,
     layered: Router,
     tower_retry: BoxSvc,
     resilience: BoxSvc,
@@ -160,10 +169,14 @@ fn main() {
         .expect("tokio runtime");
     let routers = rt.block_on(async {
         Routers {
-            bare: Router::new().route("/charges", post(create)),
+            // `with_state` turns handlers into routes once, as `axum::serve` does; without it
+            // axum re-applies every layer on each request.
+            bare: Router::new().route("/charges", post(create)).with_state(()),
             layered: Router::new()
                 .route("/charges", post(create))
-                .layer(IdempotencyLayer::new()),
+                .layer(IdempotencyLayer::new())
+                .with_state(()),
+            bare_svc: boxed(inner()),
             tower_retry: boxed(tower::retry::RetryLayer::new(Attempts(3)).layer(inner())),
             resilience: boxed(
                 tower_resilience::retry::RetryLayer::<u64, u64, Failed>::builder()
@@ -185,6 +198,15 @@ fn main() {
             run(case, 2, &routers).await;
         }
     });
+    if let [mode, case, n] = args.as_slice() {
+        // `profile CASE N`: a dhat heap profile (dhat-heap.json) of N requests of one case, to
+        // see where each allocation comes from.
+        assert_eq!(mode, "profile", "usage: [profile] CASE N");
+        let n = n.parse().expect("a request count");
+        let _profiler = dhat::Profiler::new_heap();
+        rt.block_on(run(case, n, &routers));
+        return;
+    }
     if let [case, n] = args.as_slice() {
         // One case, uncounted: for callgrind (benches/callgrind.sh).
         let n = n.parse().expect("a request count");

@@ -123,9 +123,13 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(response.map(|r| r.map(ResponseBody::streaming)));
                 }
+                // NOTE: the renewal timer is polled only once the handler is pending, so a
+                // handler that answers at once never registers a timer.
                 StateProj::Run { future } => {
-                    ctx.poll_renew(this.renew.as_mut(), cx);
-                    let result = ready!(future.poll(cx));
+                    let Poll::Ready(result) = future.poll(cx) else {
+                        ctx.poll_renew(this.renew.as_mut(), cx);
+                        return Poll::Pending;
+                    };
                     ctx.ran(span, result)
                 }
                 StateProj::ReadResponse {
@@ -133,10 +137,13 @@ where
                     parts,
                     collected,
                     trailers,
-                } => {
-                    ctx.poll_renew(this.renew.as_mut(), cx);
-                    ready!(ctx.poll_response(span, body, parts, collected, trailers, cx))
-                }
+                } => match ctx.poll_response(span, body, parts, collected, trailers, cx) {
+                    Poll::Ready(next) => next,
+                    Poll::Pending => {
+                        ctx.poll_renew(this.renew.as_mut(), cx);
+                        return Poll::Pending;
+                    }
+                },
                 StateProj::Finish { result } => {
                     if let Some(claim) = ctx.claim.as_mut() {
                         ready!(claim.poll_finish(cx));
