@@ -13,8 +13,17 @@
 //! about 20 % load instead of multiplying it by the attempt limit. The window slides in ten
 //! slots on tokio's clock. The allowance is computed in floating point, so fractional ratios
 //! (say 0.1 %) are exact rather than truncated to zero or rounded up to one.
+//!
+//! The counts are kept per thread (in [`SHARDS`](crate::shard::SHARDS) shards, each on its own
+//! cache line, without a lock): a deposit, made on every call, touches only its thread's
+//! counter, so the budget scales across cores. A withdrawal, made only before a retry, sums the
+//! shards. The price is approximation at the edges: two retries decided at the same instant on
+//! two threads may both pass the last unit of allowance, and a count made while its slot turns
+//! over may land in the new slot or be lost.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use crate::shard::{index, Padded, SHARDS};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -49,14 +58,37 @@ struct Shared {
     floor: f64,
     slot: Duration,
     origin: Instant,
-    state: Mutex<[Slot; SLOTS as usize]>,
+    shards: [Padded<[Slot; SLOTS as usize]>; SHARDS],
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// The counts of one time slot, stamped with the slot's epoch.
+#[derive(Debug, Default)]
 struct Slot {
-    epoch: u64,
-    requests: u64,
-    retries: u64,
+    epoch: AtomicU64,
+    requests: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl Slot {
+    /// Makes this the slot of `epoch`, zeroing the counts of an older one.
+    fn turn_to(&self, epoch: u64) {
+        let seen = self.epoch.load(Ordering::Acquire);
+        if seen != epoch
+            && self
+                .epoch
+                .compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.requests.store(0, Ordering::Relaxed);
+            self.retries.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this slot's counts are inside the window that ends with `epoch`.
+    fn in_window(&self, epoch: u64) -> bool {
+        let slot = self.epoch.load(Ordering::Acquire);
+        slot <= epoch && slot + u64::from(SLOTS) > epoch
+    }
 }
 
 impl Default for RetryBudget {
@@ -87,7 +119,7 @@ impl RetryBudget {
                 floor: f64::from(min_per_sec) * window.as_secs_f64(),
                 slot: window / SLOTS,
                 origin: Instant::now(),
-                state: Mutex::new([Slot::default(); SLOTS as usize]),
+                shards: Default::default(),
             }),
         }
     }
@@ -99,47 +131,40 @@ impl RetryBudget {
 
     /// [`deposit`](Self::deposit) with a clock reading the caller already has.
     pub(crate) fn deposit_at(&self, now: Instant) {
-        self.with_current(now, |slot, _, _| slot.requests += 1);
+        let epoch = self.epoch(now);
+        let slot = self.slot_of(epoch);
+        slot.turn_to(epoch);
+        slot.requests.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Asks for one retry: `true` (and counted) if the budget allows it.
+    /// Takes one retry from the budget, if the window allows it.
     pub fn withdraw(&self) -> bool {
-        let (ratio, floor) = (self.shared.ratio, self.shared.floor);
-        self.with_current(Instant::now(), |slot, requests, retries| {
-            let allowed = ratio * requests as f64 + floor;
-            if (retries + 1) as f64 <= allowed {
-                slot.retries += 1;
-                true
-            } else {
-                false
+        let epoch = self.epoch(Instant::now());
+        let (mut requests, mut retries) = (0u64, 0u64);
+        for shard in &self.shared.shards {
+            for slot in shard.0.iter().filter(|slot| slot.in_window(epoch)) {
+                requests += slot.requests.load(Ordering::Relaxed);
+                retries += slot.retries.load(Ordering::Relaxed);
             }
-        })
+        }
+        let allowed = self.shared.ratio * requests as f64 + self.shared.floor;
+        if (retries + 1) as f64 > allowed {
+            return false;
+        }
+        let slot = self.slot_of(epoch);
+        slot.turn_to(epoch);
+        slot.retries.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
-    /// Runs `f` on the current slot with the window's totals of requests and retries.
-    fn with_current<T>(&self, now: Instant, f: impl FnOnce(&mut Slot, u64, u64) -> T) -> T {
-        let shared = &self.shared;
-        let elapsed = now.saturating_duration_since(shared.origin);
-        let epoch =
-            u64::try_from(elapsed.as_nanos() / shared.slot.as_nanos().max(1)).unwrap_or(u64::MAX);
-        let mut slots = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let (mut requests, mut retries) = (0, 0);
-        for slot in slots.iter() {
-            if slot.epoch + u64::from(SLOTS) > epoch && slot.epoch <= epoch {
-                requests += slot.requests;
-                retries += slot.retries;
-            }
-        }
-        let current = &mut slots[(epoch % u64::from(SLOTS)) as usize];
-        if current.epoch != epoch {
-            // A slot from an earlier lap of the ring (a whole window ago or more): it was not
-            // counted above; start it afresh.
-            *current = Slot {
-                epoch,
-                ..Slot::default()
-            };
-        }
-        f(current, requests, retries)
+    fn epoch(&self, now: Instant) -> u64 {
+        let elapsed = now.saturating_duration_since(self.shared.origin);
+        u64::try_from(elapsed.as_nanos() / self.shared.slot.as_nanos().max(1)).unwrap_or(u64::MAX)
+    }
+
+    /// This thread's slot for `epoch`.
+    fn slot_of(&self, epoch: u64) -> &Slot {
+        &self.shared.shards[index()].0[(epoch % u64::from(SLOTS)) as usize]
     }
 }
 
@@ -190,5 +215,20 @@ mod tests {
         budget.deposit();
         assert!(clone.withdraw());
         assert!(!budget.withdraw());
+    }
+
+    #[test]
+    fn deposits_from_many_threads_all_count() {
+        let budget = RetryBudget::new(0.5, 0, Duration::from_secs(3600));
+        let threads: Vec<_> = (0..12)
+            .map(|_| {
+                let budget = budget.clone();
+                std::thread::spawn(move || (0..100).for_each(|_| budget.deposit()))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        // 1 200 requests at 50 %: exactly 600 retries, counted over every thread's shard.
+        let allowed = (0..700).filter(|_| budget.withdraw()).count();
+        assert_eq!(allowed, 600);
     }
 }

@@ -51,8 +51,9 @@ where
 /// [`RetryLayer::stats`](crate::RetryLayer::stats).
 #[derive(Debug, Default)]
 pub struct Stats {
-    pub(crate) operations: AtomicU64,
-    pub(crate) attempts: AtomicU64,
+    // Updated on every call: sharded per thread, so cores do not contend for one counter.
+    pub(crate) operations: crate::shard::Counter,
+    pub(crate) attempts: crate::shard::Counter,
     pub(crate) retries: AtomicU64,
     pub(crate) budget_refusals: AtomicU64,
     pub(crate) give_ups: AtomicU64,
@@ -79,8 +80,8 @@ impl Stats {
     /// The counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
-            operations: self.operations.load(Relaxed),
-            attempts: self.attempts.load(Relaxed),
+            operations: self.operations.sum(),
+            attempts: self.attempts.sum(),
             retries: self.retries.load(Relaxed),
             budget_refusals: self.budget_refusals.load(Relaxed),
             give_ups: self.give_ups.load(Relaxed),
@@ -89,14 +90,14 @@ impl Stats {
 
     /// An operation started (its first attempt is counted by [`attempt`](Self::attempt)).
     pub(crate) fn operation(&self) {
-        self.operations.fetch_add(1, Relaxed);
+        self.operations.increment();
         #[cfg(feature = "metrics")]
         metrics::counter!("tower_once_retry_operations_total").increment(1);
     }
 
     /// The inner service was called.
     pub(crate) fn attempt(&self) {
-        self.attempts.fetch_add(1, Relaxed);
+        self.attempts.increment();
         #[cfg(feature = "metrics")]
         metrics::counter!("tower_once_retry_attempts_total").increment(1);
     }

@@ -116,6 +116,7 @@ mod layer;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 mod service;
+mod shard;
 #[cfg(feature = "tonic")]
 pub mod tonic;
 
