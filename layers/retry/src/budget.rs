@@ -14,7 +14,7 @@
 //! slots on tokio's clock. The allowance is computed in floating point, so fractional ratios
 //! (say 0.1 %) are exact rather than truncated to zero or rounded up to one.
 //!
-//! The counts are kept per thread (in [`SHARDS`](crate::shard::SHARDS) shards, each on its own
+//! The counts are kept per thread (in 8 shards, each on its own
 //! cache line, without a lock): a deposit, made on every call, touches only its thread's
 //! counter, so the budget scales across cores. A withdrawal, made only before a retry, sums the
 //! shards. The price is approximation at the edges: two retries decided at the same instant on

@@ -141,8 +141,15 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
         }
         // An entry missing from our pending list was acknowledged meanwhile by its previous
         // owner (a slow worker finishing after all): it is done, skip it.
+        // NOTE: an entry this worker is running itself (its claim refresh failed, so it looked
+        // idle) is ours already: running it again would call the handler twice at once.
+        let running = ctx
+            .in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(entries
             .into_iter()
+            .filter(|e| !running.contains(&e.id))
             .filter_map(|e| counts.get(&e.id).copied().map(|n| (e, n)))
             .collect())
     }

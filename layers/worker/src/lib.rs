@@ -73,6 +73,15 @@
 //! | backpressure | read everything, queue in memory | never reads more than free slots |
 //! | per-delivery deadline | none | a [`Deadline`](tower_once_timeout::Deadline) in scope for every poll of the handler, and on the job |
 //!
+//! # Known limits
+//!
+//! - A delivery whose `XREADGROUP` reply was lost (a timeout) still counts toward
+//!   `max_deliveries`: a failing job may run one time fewer before it is dead-lettered.
+//! - A Redis frozen for longer than `claim_idle` can, when it resumes, let another worker take
+//!   over a job that is still running (its idle time and the run-once lease kept running during
+//!   the freeze): the effect may then happen twice, run-once or not.
+//! - Run-once cannot cover a crash between the effect and its "done" record: use an outbox.
+//!
 //! # Feature flags
 //!
 //! | feature | enables |

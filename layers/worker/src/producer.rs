@@ -93,104 +93,49 @@ impl<C: ConnectionLike + Clone + Send> Producer<C> {
     /// many were deleted.
     pub async fn trim_acknowledged(&self) -> Result<u64, WorkerError> {
         let mut conn = self.conn.clone();
-        let mut info = redis::cmd("XINFO");
-        info.arg("GROUPS").arg(&self.stream);
-        let groups: Value = query(&mut conn, &info, self.timeout).await?;
-        let Some(min_id) = self.oldest_needed(&mut conn, groups).await? else {
-            return Ok(0);
-        };
-        let mut trim = redis::cmd("XTRIM");
-        trim.arg(&self.stream).arg("MINID").arg(min_id);
-        query(&mut conn, &trim, self.timeout).await
-    }
-
-    async fn oldest_needed(
-        &self,
-        conn: &mut C,
-        groups: Value,
-    ) -> Result<Option<StreamId>, WorkerError> {
-        let Value::Array(groups) = groups else {
-            return Err(WorkerError::reply("XINFO GROUPS: not an array"));
-        };
-        let mut oldest: Option<StreamId> = None;
-        for group in groups {
-            let (name, last_delivered) = group_fields(group)?;
-            let mut summary = redis::cmd("XPENDING");
-            summary.arg(&self.stream).arg(&name);
-            let reply: Value = query(conn, &summary, self.timeout).await?;
-            let mut needed = last_delivered;
-            if let Some(pending) = oldest_pending(reply)? {
-                needed = needed.min(pending);
-            }
-            oldest = Some(oldest.map_or(needed, |o| o.min(needed)));
-        }
-        Ok(oldest)
-    }
-}
-
-/// A stream id, ordered as Redis orders them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct StreamId(u64, u64);
-
-impl StreamId {
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        let (ms, seq) = s.split_once('-')?;
-        Some(Self(ms.parse().ok()?, seq.parse().ok()?))
-    }
-}
-
-impl redis::ToRedisArgs for StreamId {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(format_args!("{}-{}", self.0, self.1));
-    }
-}
-
-impl redis::ToSingleRedisArg for StreamId {}
-
-/// The name and last-delivered id of one `XINFO GROUPS` row.
-fn group_fields(group: Value) -> Result<(String, StreamId), WorkerError> {
-    let (mut name, mut last) = (None, None);
-    for (k, v) in streams::info_row(group)? {
-        match k.as_str() {
-            "name" => name = Some(streams::string(v)?),
-            "last-delivered-id" => last = StreamId::parse(&streams::string(v)?),
-            _ => {}
+        let script = redis::Script::new(TRIM_SCRIPT);
+        let invocation = script.key(&self.stream);
+        let reply = tokio::time::timeout(self.timeout, invocation.invoke_async::<Value>(&mut conn))
+            .await
+            .map_err(|_| WorkerError::timeout())??;
+        match reply {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Err(WorkerError::reply("trim script: not an integer")),
         }
     }
-    match (name, last) {
-        (Some(name), Some(last)) => Ok((name, last)),
-        _ => Err(WorkerError::reply(
-            "XINFO GROUPS: no name or last-delivered-id",
-        )),
-    }
 }
 
-/// The smallest id of an `XPENDING <stream> <group>` summary, `None` when nothing is pending.
-fn oldest_pending(summary: Value) -> Result<Option<StreamId>, WorkerError> {
-    let Value::Array(mut parts) = summary else {
-        return Err(WorkerError::reply("XPENDING: not an array"));
-    };
-    if parts.len() < 2 {
-        return Err(WorkerError::reply("XPENDING: too short"));
-    }
-    match parts.swap_remove(1) {
-        Value::Nil => Ok(None),
-        v => Ok(Some(
-            StreamId::parse(&streams::string(v)?).ok_or(WorkerError::reply("XPENDING: bad id"))?,
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stream_ids_order_numerically() {
-        let a = StreamId::parse("9-5").unwrap();
-        let b = StreamId::parse("10-0").unwrap();
-        assert!(a < b, "not lexicographic");
-        assert!(StreamId::parse("10").is_none());
-        assert!(StreamId::parse("x-1").is_none());
-    }
-}
+/// Reads every group's oldest needed entry and trims below it in one step.
+///
+/// NOTE: reading the groups and trimming must be one atomic step: a group created between the
+/// two (at `0`, as workers start by default) needs entries a trim computed without it would
+/// delete. For each group the oldest needed id is the lower of its oldest pending id and its
+/// last-delivered id; a stream with no group is not trimmed.
+const TRIM_SCRIPT: &str = r"
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function lower(a, b)
+  if a == nil then return b end
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  if bm < am or (bm == am and bs < as) then return b end
+  return a
+end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+local oldest = nil
+for _, g in ipairs(groups) do
+  local name, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] end
+    if g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  local needed = last
+  local pending = redis.call('XPENDING', KEYS[1], name)
+  if pending[1] > 0 and pending[2] then needed = lower(needed, pending[2]) end
+  oldest = lower(oldest, needed)
+end
+if oldest == nil then return 0 end
+return redis.call('XTRIM', KEYS[1], 'MINID', oldest)
+";

@@ -169,12 +169,18 @@ where
     match claimed {
         Ok(ClaimOutcome::Claimed) => {}
         Ok(ClaimOutcome::Existing(record)) => {
+            let same_entry = inner.as_ref().is_some_and(|(_, job)| {
+                record.fingerprint == super::entry_fingerprint(job.stream_id())
+            });
             return Err(match record.state {
-                RecordState::InProgress { .. } => Err(RunOnceError(Repr::InProgress)),
-                RecordState::Completed(_) | RecordState::NotReplayable => {
-                    Ok(RunOnceOutcome::Duplicate)
-                }
-            })
+                // This very entry is running elsewhere (taken over while alive): leave it.
+                RecordState::InProgress { .. } if same_entry => Err(RunOnceError(Repr::InProgress)),
+                // Another entry with this job id is running: it stays pending until it is
+                // done (or is redelivered if it fails), so this one is a duplicate.
+                RecordState::InProgress { .. }
+                | RecordState::Completed(_)
+                | RecordState::NotReplayable => Ok(RunOnceOutcome::Duplicate),
+            });
         }
         Err(e) => return Err(Err(RunOnceError(Repr::Store(e)))),
     }

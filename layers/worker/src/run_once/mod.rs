@@ -160,12 +160,13 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let key = job_store_key(job.job_id());
         let token = ClaimToken::new();
-        let claim = self.store.claim(
-            key,
-            token,
-            Fingerprint::from_bytes(*key.as_bytes()),
-            self.lease,
-        );
+        // NOTE: the record's fingerprint names the stream entry that claimed it, so that a
+        // second delivery can tell another entry with the same job id (a duplicate enqueue:
+        // acknowledged as a duplicate, the running entry stays pending until it is done) from
+        // the same entry delivered again while it runs (left pending: acknowledging it could
+        // lose the job if the running delivery then fails).
+        let entry = entry_fingerprint(job.stream_id());
+        let claim = self.store.claim(key, token, entry, self.lease);
         ResponseFuture::new(
             self.store.clone(),
             (key, token),
@@ -174,6 +175,15 @@ where
             (inner, job),
         )
     }
+}
+
+/// The fingerprint of a stream entry: which entry holds a job id's claim.
+pub(super) fn entry_fingerprint(stream_id: &str) -> Fingerprint {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(b"tower-once/worker/entry/v1");
+    hasher.update(stream_id.as_bytes());
+    Fingerprint::from_bytes(hasher.finalize().into())
 }
 
 /// How a job went through [`RunOnce`].
