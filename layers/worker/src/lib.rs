@@ -19,7 +19,8 @@
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let handler = ServiceBuilder::new()
-//!     .layer(RunOnceLayer::new(MemoryStore::new()))
+//!     // A lease at most half of `claim_idle`, so a crashed worker's claim is gone first.
+//!     .layer(RunOnceLayer::new(MemoryStore::new()).lease(Duration::from_secs(15)))
 //!     .layer(RetryLayer::new().classify(JobClassifier).max_attempts(4))
 //!     .service_fn(|job: Job| async move {
 //!         println!("sending mail for {}", job.job_id());
