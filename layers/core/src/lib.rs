@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod body;
+pub mod time;
 
 /// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header), read by the
 /// server layer and stamped by the client layer.

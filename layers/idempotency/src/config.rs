@@ -10,9 +10,8 @@ pub use tower_once_core::IDEMPOTENCY_KEY;
 /// The header added to replayed responses, with the value `true` (as Stripe does).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// The longest lease or retention accepted: longer ones are cut to this (about 100 years), so
-/// that no clock arithmetic and no store's expiry can overflow.
-pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// The longest lease or retention accepted: longer ones are cut to this (about 100 years).
+pub(crate) use tower_once_core::time::MAX_DURATION;
 
 /// Everything the future needs besides the store and the inner service; shared by all clones
 /// of one service. The scope is not here: only the service reads it.

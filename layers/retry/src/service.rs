@@ -104,7 +104,10 @@ where
             budget.deposit_at(now);
         }
     }
-    let own = Deadline::at(saturating_add(now, settings.deadline));
+    let own = Deadline::at(tower_once_core::time::saturating_add(
+        now,
+        settings.deadline,
+    ));
     let deadline = match outer {
         Some(outer) if outer < own => outer,
         _ => own,
@@ -152,10 +155,4 @@ where
             nested,
         )
     }
-}
-
-/// `now + budget`, saturating (about 100 years) instead of panicking on `Duration::MAX`.
-pub(crate) fn saturating_add(now: tokio::time::Instant, budget: Duration) -> tokio::time::Instant {
-    now.checked_add(budget)
-        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }

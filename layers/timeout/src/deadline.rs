@@ -43,12 +43,11 @@ thread_local! {
 impl Deadline {
     /// The deadline `budget` from now.
     pub fn after(budget: Duration) -> Self {
-        let now = Instant::now();
         // Saturates (about 100 years) instead of panicking on `Duration::MAX`.
-        Self(
-            now.checked_add(budget)
-                .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600)),
-        )
+        Self(tower_once_core::time::saturating_add(
+            Instant::now(),
+            budget,
+        ))
     }
 
     /// The deadline at `instant`.

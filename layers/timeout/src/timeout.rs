@@ -86,10 +86,7 @@ impl Budget {
     /// Reads the clock once: it is the main cost of a timeout on the happy path.
     pub(crate) fn new(limit: Duration, deadline: Option<Deadline>) -> Self {
         let now = Instant::now();
-        // Saturates (about 100 years) instead of panicking on `Duration::MAX`.
-        let end = now
-            .checked_add(limit)
-            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let end = tower_once_core::time::saturating_add(now, limit);
         match deadline {
             Some(deadline) if deadline.instant() < end => Self {
                 until: deadline.instant(),

@@ -7,12 +7,13 @@ use crate::classify::{Classify, HttpClassifier, HttpDefault};
 use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
 use crate::layer::Config;
-use crate::service::{in_attempt, is_nested, saturating_add, start, InAttempt};
+use crate::service::{in_attempt, is_nested, start, InAttempt};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body::Body;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tower_once_core::time::saturating_add;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 

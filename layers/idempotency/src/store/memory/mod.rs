@@ -10,6 +10,7 @@ use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::time::saturating_add;
 
 /// The in-process store: the default, for a single server process.
 ///
@@ -204,7 +205,7 @@ impl MemoryStore {
             Entry {
                 fingerprint,
                 scope,
-                expires_at: deadline(now, lease),
+                expires_at: saturating_add(now, lease),
                 state: State::InProgress { token },
             },
         );
@@ -253,7 +254,7 @@ impl MemoryStore {
             Entry {
                 fingerprint,
                 scope,
-                expires_at: deadline(now, retention),
+                expires_at: saturating_add(now, retention),
                 state,
             },
         );
@@ -278,7 +279,7 @@ impl MemoryStore {
             return false;
         };
         let old = entry.expires_at;
-        let new = deadline(now, lease);
+        let new = saturating_add(now, lease);
         entry.expires_at = new;
         shard.leases.remove(&(old, key));
         shard.leases.insert((new, key));
@@ -319,12 +320,6 @@ impl IdempotencyStore for MemoryStore {
     fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
         ready(Ok(self.do_extend(key, token, lease)))
     }
-}
-
-/// `now + ttl`, saturating far in the future instead of overflowing.
-fn deadline(now: Instant, ttl: Duration) -> Instant {
-    now.checked_add(ttl)
-        .unwrap_or_else(|| now + crate::config::MAX_DURATION)
 }
 
 // A panic can only come from a bug in this module; the shard's indices are updated before any
