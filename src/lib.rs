@@ -17,6 +17,8 @@
 //!   idempotency keys. The layer ends an operation at its deadline whatever sits below it.
 //! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
 //!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
+//! - [`outbox`] (feature `outbox`): a transactional outbox on Postgres (sqlx) whose relay sends
+//!   through a `tower::Service<OutboxMessage>` with the dedupe key as the idempotency key.
 //!
 //! # Example
 //!
@@ -104,6 +106,7 @@
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`) |
+//! | `outbox`      | no      | [`outbox`]: the Postgres outbox and its relay (enables `retry`, `timeout`) |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `reqwest`     | no      | `retry::reqwest`: a `reqwest::Client` as a tower service; `send_with` for requests built the reqwest way |
 //! | `tonic`       | no      | `retry::tonic`: adapters for tonic clients (a `Channel` below, `tonic::Status` errors above) |
@@ -130,6 +133,7 @@
 //! | `tower_once_worker_dead_lettered_total` | counter | `reason`: `max_deliveries`, `permanent`, `malformed` | entries moved to the dead-letter stream |
 //! | `tower_once_worker_in_flight` | gauge | | handlers running now |
 //! | `tower_once_worker_group_lag` | gauge | | entries not yet delivered to the group (`XINFO GROUPS` `lag`, read every `claim_idle / 3`) |
+//! | `tower_once_outbox_sends_total` | counter | `outcome`: `sent`, `sent_unrecorded`, `failed`, `parked`, `lease_lost`, `released` | outbox rows the relay tried to send, by outcome |
 //!
 //! # Minimum supported Rust version
 //!
@@ -154,6 +158,10 @@ pub use tower_once_timeout as timeout;
 #[cfg(feature = "worker")]
 #[doc(inline)]
 pub use tower_once_worker as worker;
+
+#[cfg(feature = "outbox")]
+#[doc(inline)]
+pub use tower_once_outbox as outbox;
 
 /// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
 #[cfg(doctest)]

@@ -1,6 +1,10 @@
 //! One monotonic deadline for a whole operation, and how it reaches inner layers.
 
+use pin_project_lite::pin_project;
 use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -96,6 +100,37 @@ impl Deadline {
         let _restore = Restore(previous);
         CURRENT.with(|c| c.set(earliest(previous, Some(self))));
         f()
+    }
+
+    /// Polls `future` inside this deadline's [`scope`](Self::scope): not only its first poll
+    /// but every poll, so layers that a handler calls from its own `async` body (a job handler
+    /// calling a `TimeoutLayer`-wrapped client) see the deadline too. It does not cut the
+    /// future: pair it with [`tokio::time::timeout_at`] for that.
+    pub fn in_scope<F: Future>(self, future: F) -> InScope<F> {
+        InScope {
+            deadline: self,
+            inner: future,
+        }
+    }
+}
+
+pin_project! {
+    /// A future polled inside a [`Deadline`]'s scope: [`Deadline::in_scope`].
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct InScope<F> {
+        deadline: Deadline,
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F: Future> Future for InScope<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        this.deadline.scope(|| this.inner.poll(cx))
     }
 }
 

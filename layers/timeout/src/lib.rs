@@ -81,6 +81,6 @@ pub mod grpc;
 pub mod http;
 mod timeout;
 
-pub use self::deadline::Deadline;
+pub use self::deadline::{Deadline, InScope};
 pub use self::error::{Elapsed, TimeoutError};
 pub use self::timeout::{ResponseFuture, Timeout, TimeoutLayer};

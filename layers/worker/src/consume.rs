@@ -7,15 +7,11 @@ use crate::job::{Job, JobId};
 use crate::metrics::{self, JobOutcome};
 use crate::streams::{self, Entry, REFRESH_SCRIPT};
 use bytes::Bytes;
-use pin_project_lite::pin_project;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 use std::collections::HashSet;
 use std::fmt::{self, Write as _};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tower_once_retry::classify::{Action, Classify};
 use tower_once_timeout::Deadline;
@@ -55,26 +51,6 @@ impl Drop for InFlight<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.1);
         metrics::in_flight(-1.0);
-    }
-}
-
-pin_project! {
-    /// Polls the handler inside the delivery's [`Deadline::scope`]: not only its `call` but
-    /// every poll, so layers the handler calls from its own future (an `async fn` body calling a
-    /// `TimeoutLayer`-wrapped client) see the deadline too.
-    struct InScope<F> {
-        deadline: Deadline,
-        #[pin]
-        inner: F,
-    }
-}
-
-impl<F: Future> Future for InScope<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        this.deadline.scope(|| this.inner.poll(cx))
     }
 }
 
@@ -142,13 +118,10 @@ where
     let deadline = Deadline::after(ctx.config.job_deadline);
     let payload = Bytes::copy_from_slice(entry.field(b"payload").unwrap_or_default());
     let job = Job::new(entry.id.clone(), job_id, payload, deliveries).with_deadline(deadline);
-    let run = InScope {
-        deadline,
-        inner: async {
-            std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-            service.call(job).await
-        },
-    };
+    let run = deadline.in_scope(async {
+        std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+        service.call(job).await
+    });
     let Ok(result) = tokio::time::timeout_at(deadline.instant(), run).await else {
         tracing::warn!("job deadline passed; left pending for redelivery");
         metrics::failed();

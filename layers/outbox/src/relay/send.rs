@@ -1,0 +1,196 @@
+//! One send: through the service inside a deadline, classified, recorded on its row.
+
+use super::Shared;
+use crate::message::OutboxMessage;
+use crate::metrics::{self, SendOutcome};
+use std::fmt;
+use std::time::Duration;
+use tower_once_retry::classify::{Action, Classify};
+use tower_once_timeout::Deadline;
+use tower_service::Service;
+use tracing::Instrument;
+
+/// The longest wait a provider's `Retry-After` can set.
+const MAX_PROVIDER_DELAY: Duration = Duration::from_secs(24 * 3600);
+
+/// What the attempt says about the row.
+pub(crate) enum Verdict {
+    Sent,
+    Retry {
+        after: Option<Duration>,
+        error: String,
+    },
+    Park {
+        error: String,
+    },
+}
+
+/// Sends one claimed row and records the outcome.
+pub(crate) async fn send<S, C>(
+    shared: &Shared<C>,
+    mut sender: S,
+    message: OutboxMessage,
+    token: i64,
+) -> SendOutcome
+where
+    S: Service<OutboxMessage>,
+    S::Error: fmt::Display,
+    C: Classify<S::Response, S::Error>,
+{
+    let id = message.id;
+    let attempt = message.attempt;
+    let span = tracing::info_span!(
+        "outbox_send",
+        id,
+        topic = %message.topic,
+        dedupe_key = %message.dedupe_key,
+        attempt,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let deadline = Deadline::after(shared.config.effective_send_timeout());
+        let call = deadline.in_scope(async {
+            std::future::poll_fn(|cx| sender.poll_ready(cx)).await?;
+            sender.call(message).await
+        });
+        let verdict = match tokio::time::timeout_at(deadline.instant(), call).await {
+            Ok(result) => match shared.classifier.classify(&result) {
+                Action::Success => Verdict::Sent,
+                Action::Retry { after } => Verdict::Retry {
+                    after,
+                    error: error_text(&result),
+                },
+                Action::Stop => Verdict::Park {
+                    error: error_text(&result),
+                },
+            },
+            Err(_) => Verdict::Retry {
+                after: None,
+                error: "send timed out before the lease could run out".to_owned(),
+            },
+        };
+        let outcome = record(shared, id, attempt, token, verdict).await;
+        tracing::Span::current().record("outcome", outcome.as_str());
+        outcome
+    }
+    .instrument(span)
+    .await
+}
+
+fn error_text<R, E: fmt::Display>(result: &Result<R, E>) -> String {
+    match result {
+        Ok(_) => "the provider's response was classified as a failure".to_owned(),
+        Err(e) => {
+            let mut text = e.to_string();
+            // A hostile or verbose provider must not fill the table.
+            if text.len() > 2048 {
+                let mut end = 2048;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+            }
+            text
+        }
+    }
+}
+
+/// Writes the verdict on the row. A "sent" is retried a few times (every failure here means
+/// one more send later); a failure is fenced by the lease token.
+pub(crate) async fn record<C>(
+    shared: &Shared<C>,
+    id: i64,
+    attempt: u32,
+    token: i64,
+    verdict: Verdict,
+) -> SendOutcome {
+    let queries = shared.outbox.queries();
+    let pool = shared.outbox.pool();
+    let outcome = match verdict {
+        Verdict::Sent => {
+            let mut wait = Duration::from_millis(100);
+            let mut outcome = SendOutcome::SentUnrecorded;
+            for _ in 0..3 {
+                match sqlx::query(&queries.sent).bind(id).execute(pool).await {
+                    Ok(_) => {
+                        outcome = SendOutcome::Sent;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not record a sent message; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait *= 4;
+                    }
+                }
+            }
+            if outcome == SendOutcome::SentUnrecorded {
+                tracing::error!(
+                    "sent but not recorded: it is sent again after its lease, with the same dedupe key"
+                );
+            }
+            outcome
+        }
+        Verdict::Retry { after, error } => {
+            let delay = after.map_or_else(
+                || {
+                    shared
+                        .config
+                        .backoff
+                        .delay(attempt, Duration::ZERO, &mut fastrand::Rng::new())
+                },
+                |after| after.min(MAX_PROVIDER_DELAY),
+            );
+            tracing::debug!(error = %error, ?delay, "send failed");
+            failed(shared, id, token, Some(&error), delay, false, 1).await
+        }
+        Verdict::Park { error } => {
+            tracing::warn!(error = %error, "send failed for good; parked");
+            failed(shared, id, token, Some(&error), Duration::ZERO, true, 1).await
+        }
+    };
+    metrics::record(outcome);
+    outcome
+}
+
+/// Parks a claimed row without sending it: earlier relays died on it `max_attempts` times.
+pub(crate) async fn park_unsent<C>(shared: &Shared<C>, id: i64, token: i64) -> SendOutcome {
+    tracing::warn!(id, "relays stopped on this row too often; parked unsent");
+    let outcome = failed(shared, id, token, None, Duration::ZERO, true, 0).await;
+    metrics::record(outcome);
+    outcome
+}
+
+async fn failed<C>(
+    shared: &Shared<C>,
+    id: i64,
+    token: i64,
+    error: Option<&str>,
+    delay: Duration,
+    park: bool,
+    count: i32,
+) -> SendOutcome {
+    // Postgres intervals have limits; no backoff needs more than a month.
+    let delay = delay.min(Duration::from_secs(30 * 24 * 3600));
+    let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+    let max = i32::try_from(shared.config.max_attempts).unwrap_or(i32::MAX);
+    let result: Result<Option<bool>, _> = sqlx::query_scalar(&shared.outbox.queries().failed)
+        .bind(id)
+        .bind(error)
+        .bind(delay_ms)
+        .bind(park)
+        .bind(max)
+        .bind(token)
+        .bind(count)
+        .fetch_optional(shared.outbox.pool())
+        .await;
+    match result {
+        Ok(Some(true)) => SendOutcome::Parked,
+        Ok(Some(false)) => SendOutcome::Failed,
+        Ok(None) => SendOutcome::LeaseLost,
+        Err(e) => {
+            // The lease runs out and the row comes back: the attempt is not counted.
+            tracing::warn!(error = %e, "could not record a failed send");
+            SendOutcome::Failed
+        }
+    }
+}
