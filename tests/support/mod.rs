@@ -261,3 +261,129 @@ impl Drop for DemoServer {
         self.kill();
     }
 }
+
+/// A blocking HTTP/1.1 exchange on loopback (`Connection: close`): status and body. Enough for
+/// process tests that must not share a runtime with what they test.
+pub(crate) fn http(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = TcpStream::connect(host).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("read");
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    (
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        },
+    )
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A PostgreSQL database of its own on the machine's server (`PG_URL`, default
+/// `postgres://postgres@127.0.0.1:5432`), dropped (with `FORCE`) when this is.
+pub(crate) struct PgDatabase {
+    pub(crate) name: String,
+    base: String,
+}
+
+impl PgDatabase {
+    pub(crate) fn create() -> Self {
+        let base = std::env::var("PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
+        let name = format!("tower_once_{}_{}", std::process::id(), fastrand::u32(..));
+        let db = Self { name, base };
+        db.admin(&format!("CREATE DATABASE {}", db.name));
+        db
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("{}/{}", self.base, self.name)
+    }
+
+    fn admin(&self, sql: &str) {
+        let out = Command::new("psql")
+            .arg(format!("{}/postgres", self.base))
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// One value from `sql`, as text ("" for no row).
+    pub(crate) fn query(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .arg(self.url())
+            .args(["-qtAX", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    pub(crate) fn count(&self, sql: &str) -> u64 {
+        self.query(sql).parse().unwrap_or(0)
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .arg(format!("{}/postgres", self.base))
+            .args([
+                "-q",
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            ])
+            .output();
+    }
+}

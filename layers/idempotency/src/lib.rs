@@ -47,8 +47,10 @@
 //!    method, path and query, and body.
 //! 4. **Claim.** One store round trip either claims the key for a random [`ClaimToken`] with a
 //!    short lease, or returns the record that holds it.
-//! 5. **Run.** The handler runs with the [`ClaimToken`] in its request extensions; the lease is
-//!    renewed every third of its length while it runs.
+//! 5. **Run.** The handler runs with the [`ClaimToken`] and the record's
+//!    [`StoreKey`](store::StoreKey) in its request extensions (derive a job id from the key, and
+//!    a retry of the same request derives the same one); the lease is renewed every third of
+//!    its length while it runs.
 //! 6. **Finish.** The response is stored, or the key released, as the [predicate] decides, with
 //!    a write fenced by the token.
 //!

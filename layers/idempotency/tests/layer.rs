@@ -1269,3 +1269,37 @@ async fn huge_lease_and_retention_do_not_panic() {
     assert!(send(&mut svc, post("/c", Some("k"), "x")).await.replayed());
     assert_eq!(handler.runs(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_handler_sees_the_records_key_the_same_for_the_same_request() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let mut svc = IdempotencyLayer::new().layer(tower::service_fn(move |req: Req| {
+        s.lock()
+            .unwrap()
+            .push(req.extensions().get::<StoreKey>().copied());
+        async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(503)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }
+    }));
+    // A 503 releases the key, so the retry runs again: it must see the same key (a job id
+    // derived from it is the same), and another key another one.
+    send(&mut svc, post("/charge", Some("k1"), "{}")).await;
+    send(&mut svc, post("/charge", Some("k1"), "{}")).await;
+    send(&mut svc, post("/charge", Some("k2"), "{}")).await;
+    let seen: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|k| k.map(|k| k.to_string()).unwrap_or_default())
+        .collect();
+    assert_eq!(seen.len(), 3);
+    assert!(!seen[0].is_empty());
+    assert_eq!(seen[0], seen[1]);
+    assert_ne!(seen[0], seen[2]);
+}

@@ -144,6 +144,7 @@ where
                     settings.lease,
                 ))));
                 request.extensions_mut().insert(self.token);
+                request.extensions_mut().insert(self.key);
                 State::Run {
                     future: self.service.call(request.map(RequestBody::full)),
                 }

@@ -1,0 +1,549 @@
+//! The seeds' whole pipeline as separate processes — api, worker, relay, model, mailer — on a
+//! `redis-server` of its own and a PostgreSQL database of its own, driven as the issue's
+//! contract says. Each crash test kills a real process (SIGKILL) in the window that matters
+//! and asserts effect counts: model calls, summary rows, outbox rows, emails, deliveries.
+//! Every wait is a bounded poll; nothing asserts on timing.
+#![cfg(all(feature = "worker", feature = "outbox"))]
+
+mod support;
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{free_port, http, wait_for_port, PgDatabase, RedisServer};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const STREAM: &str = "jobs:summaries";
+const DEAD: &str = "jobs:summaries:dead";
+
+struct Proc {
+    child: Option<Child>,
+    stdout: PathBuf,
+}
+
+impl Proc {
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
+        }
+    }
+
+    /// The worker's outcome lines (`{"job_id", "outcome", "deliveries"}`).
+    fn outcomes(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.stdout)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["outcome"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.stdout);
+    }
+}
+
+struct Pipeline {
+    redis: RedisServer,
+    db: PgDatabase,
+    api: u16,
+    model: u16,
+    mailer: u16,
+    procs: HashMap<String, Proc>,
+}
+
+impl Pipeline {
+    fn new() -> Self {
+        Self {
+            redis: RedisServer::start(),
+            db: PgDatabase::create(),
+            api: free_port(),
+            model: free_port(),
+            mailer: free_port(),
+            procs: HashMap::new(),
+        }
+    }
+
+    /// Starts `role` under `name` with extra flags; HTTP roles are waited for.
+    fn start(&mut self, name: &str, role: &str, extra: &[&str]) {
+        let binary = support::example_binary_with("pipeline", "worker outbox");
+        let stdout = std::env::temp_dir().join(format!(
+            "tower-once-pipeline-{}-{}-{name}.out",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        let port = match role {
+            "api" => Some(self.api),
+            "model" => Some(self.model),
+            "mailer" => Some(self.mailer),
+            _ => None,
+        };
+        let mut cmd = Command::new(binary);
+        cmd.arg(role)
+            .args(["--redis", &self.redis.url(), "--postgres", &self.db.url()])
+            .args(["--model", &format!("http://127.0.0.1:{}", self.model)])
+            .args(["--mailer", &format!("http://127.0.0.1:{}", self.mailer)])
+            .args(["--poll-ms", "200"]);
+        if let Some(port) = port {
+            cmd.args(["--addr", &format!("127.0.0.1:{port}")]);
+        }
+        let child = cmd
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the pipeline example");
+        if let Some(port) = port {
+            wait_for_port(port, LIMIT);
+        }
+        self.procs.insert(
+            name.to_owned(),
+            Proc {
+                child: Some(child),
+                stdout,
+            },
+        );
+    }
+
+    /// Every role, worker and relay with `claim_idle`/lease `claim_idle_ms`.
+    fn start_all(&mut self, claim_idle_ms: &str) {
+        self.start("model", "model", &[]);
+        self.start("mailer", "mailer", &[]);
+        self.start("api", "api", &[]);
+        self.start("worker", "worker", &["--claim-idle-ms", claim_idle_ms]);
+        self.start("relay", "relay", &["--claim-idle-ms", claim_idle_ms]);
+    }
+
+    fn proc(&mut self, name: &str) -> &mut Proc {
+        self.procs.get_mut(name).expect("started")
+    }
+
+    /// `POST /v1/summaries`: status and job id.
+    fn submit(&self, tenant: &str, key: &str, text: &str) -> (u16, String) {
+        let body = serde_json::json!({ "text": text, "notify": "a@example.com" }).to_string();
+        let (status, body) = http(
+            "POST",
+            &format!("http://127.0.0.1:{}/v1/summaries", self.api),
+            &[
+                ("Idempotency-Key", key),
+                ("X-Tenant-Id", tenant),
+                ("Content-Type", "application/json"),
+            ],
+            &body,
+        );
+        let job_id = serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| v["job_id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        (status, job_id)
+    }
+
+    fn json(&self, port: u16, path: &str) -> Value {
+        let (status, body) = http("GET", &format!("http://127.0.0.1:{port}{path}"), &[], "");
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).expect("json")
+    }
+
+    fn model_calls(&self, text: &str) -> u64 {
+        let text: String = text
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        self.json(self.model, &format!("/calls?text={text}"))["calls"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    fn emails(&self) -> Vec<Value> {
+        self.json(self.mailer, "/emails")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn deliveries(&self) -> u64 {
+        self.json(self.mailer, "/deliveries")["deliveries"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    fn summaries(&self, job_id: &str) -> u64 {
+        self.db.count(&format!(
+            "SELECT count(*) FROM summaries WHERE job_id = '{job_id}'"
+        ))
+    }
+
+    fn outbox_rows(&self, job_id: &str) -> u64 {
+        self.db.count(&format!(
+            "SELECT count(*) FROM outbox WHERE dedupe_key = '{job_id}:email'"
+        ))
+    }
+
+    fn pending(&self) -> u64 {
+        let out = self.redis.cli(&["XPENDING", STREAM, "workers"]);
+        out.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn dead_letters(&self) -> u64 {
+        self.redis.cli(&["XLEN", DEAD]).trim().parse().unwrap_or(0)
+    }
+}
+
+/// Polls `check` until it holds (bounded).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < LIMIT, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn settle() {
+    // Long enough for a wrong second effect to show up, if there were one.
+    std::thread::sleep(Duration::from_millis(1500));
+}
+
+#[test]
+fn a_summary_request_runs_once_and_sends_one_email() {
+    let mut p = Pipeline::new();
+    p.start_all("5000");
+    let (status, job_id) = p.submit("acme", "k1", "hello pipeline");
+    assert_eq!(status, 202);
+    assert!(!job_id.is_empty());
+    // The client's retry: the same job, replayed, not enqueued again.
+    assert_eq!(
+        p.submit("acme", "k1", "hello pipeline"),
+        (202, job_id.clone())
+    );
+    // Another tenant with the same key is another job.
+    let (_, other) = p.submit("globex", "k1", "hello pipeline");
+    assert_ne!(other, job_id);
+    let (status, _) = http(
+        "GET",
+        &format!("http://127.0.0.1:{}/v1/summaries/nope", p.api),
+        &[],
+        "",
+    );
+    assert_eq!(status, 404);
+    eventually("both emails", || p.emails().len() == 2);
+    let (status, body) = http(
+        "GET",
+        &format!("http://127.0.0.1:{}/v1/summaries/{job_id}", p.api),
+        &[],
+        "",
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("hello pipeline"), "{body}");
+    settle();
+    assert_eq!(p.model_calls("hello pipeline"), 2);
+    assert_eq!((p.summaries(&job_id), p.outbox_rows(&job_id)), (1, 1));
+    assert_eq!(p.deliveries(), 2);
+    let keys: Vec<_> = p
+        .emails()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(keys.contains(&format!("{job_id}:email")), "{keys:?}");
+}
+
+#[test]
+fn a_worker_that_commits_and_dies_before_xack_has_its_effects_once() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("mailer", "mailer", &[]);
+    p.start("api", "api", &[]);
+    p.start("relay", "relay", &["--claim-idle-ms", "1000"]);
+    // Commits, then lingers 30 s before returning (and so before XACK): killed in there.
+    p.start(
+        "w1",
+        "worker",
+        &["--claim-idle-ms", "1000", "--linger-ms", "30000"],
+    );
+    let (_, job_id) = p.submit("acme", "k", "crash after commit");
+    eventually("the commit", || p.summaries(&job_id) == 1);
+    p.proc("w1").kill();
+    assert_eq!(p.pending(), 1, "not acknowledged");
+    p.start("w2", "worker", &["--claim-idle-ms", "1000"]);
+    eventually("the takeover", || p.pending() == 0);
+    eventually("the email", || p.emails().len() == 1);
+    settle();
+    assert_eq!(p.proc("w2").outcomes(), ["duplicate"]);
+    assert_eq!(p.model_calls("crash after commit"), 1);
+    assert_eq!((p.summaries(&job_id), p.outbox_rows(&job_id)), (1, 1));
+    assert_eq!(p.emails().len(), 1);
+}
+
+#[test]
+fn the_same_job_enqueued_twice_has_one_summary_and_one_email() {
+    let mut p = Pipeline::new();
+    p.start_all("5000");
+    let (_, job_id) = p.submit("acme", "k", "enqueued twice");
+    // The API died after XADD and the retry enqueued again: the same job id, twice.
+    let payload = r#"{"tenant":"acme","text":"enqueued twice","notify":"a@example.com"}"#;
+    p.redis
+        .cli(&["XADD", STREAM, "*", "job_id", &job_id, "payload", payload]);
+    eventually("both deliveries acknowledged and the email", || {
+        p.pending() == 0 && p.emails().len() == 1
+    });
+    settle();
+    assert_eq!((p.summaries(&job_id), p.outbox_rows(&job_id)), (1, 1));
+    assert_eq!(p.emails().len(), 1);
+    assert_eq!(p.deliveries(), 1);
+}
+
+#[test]
+fn a_slow_worker_and_a_reclaimer_give_done_and_duplicate_and_one_email() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("mailer", "mailer", &[]);
+    p.start("api", "api", &[]);
+    p.start("relay", "relay", &["--claim-idle-ms", "1000"]);
+    p.start("slow", "worker", &["--claim-idle-ms", "1000"]);
+    let text = "slow one [slow:2500]";
+    let (_, job_id) = p.submit("acme", "k", text);
+    eventually("the first model call", || p.model_calls(text) == 1);
+    // Frozen (a long GC pause, a stalled VM): it cannot refresh its claim, so the entry is
+    // taken over; then it resumes and finishes its own run.
+    p.proc("slow").signal("STOP");
+    std::thread::sleep(Duration::from_millis(1500));
+    p.start("reclaimer", "worker", &["--claim-idle-ms", "1000"]);
+    eventually("the second model call", || p.model_calls(text) == 2);
+    p.proc("slow").signal("CONT");
+    eventually("both outcomes", || {
+        p.proc("slow").outcomes().len() + p.proc("reclaimer").outcomes().len() == 2
+    });
+    eventually("the email", || p.emails().len() == 1);
+    settle();
+    let mut outcomes = p.proc("slow").outcomes();
+    outcomes.extend(p.proc("reclaimer").outcomes());
+    outcomes.sort();
+    assert_eq!(outcomes, ["done", "duplicate"]);
+    assert_eq!(p.model_calls(text), 2);
+    assert_eq!((p.summaries(&job_id), p.outbox_rows(&job_id)), (1, 1));
+    assert_eq!(p.emails().len(), 1);
+}
+
+#[test]
+fn a_model_that_keeps_answering_429_is_tried_4_times_and_left_pending() {
+    let mut p = Pipeline::new();
+    p.start_all("30000");
+    let text = "busy [429]";
+    let (_, job_id) = p.submit("acme", "k", text);
+    eventually("4 attempts", || p.model_calls(text) >= 4);
+    settle();
+    assert_eq!(p.model_calls(text), 4);
+    assert_eq!(p.pending(), 1, "left pending for redelivery");
+    assert_eq!(p.dead_letters(), 0);
+    assert_eq!(p.summaries(&job_id), 0);
+}
+
+#[test]
+fn a_model_that_answers_400_is_dead_lettered_after_one_call() {
+    let mut p = Pipeline::new();
+    p.start_all("30000");
+    let text = "bad [400]";
+    let (_, job_id) = p.submit("acme", "k", text);
+    eventually("the dead letter", || p.dead_letters() == 1);
+    settle();
+    assert_eq!(p.model_calls(text), 1);
+    assert_eq!(p.pending(), 0);
+    assert_eq!(p.summaries(&job_id), 0);
+    let dead = p.redis.cli(&["XRANGE", DEAD, "-", "+"]);
+    assert!(
+        dead.contains(&job_id) && dead.contains("permanent"),
+        "{dead}"
+    );
+}
+
+#[test]
+fn a_model_that_hangs_is_cut_per_attempt_and_the_delivery_by_its_deadline() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("mailer", "mailer", &[]);
+    p.start("api", "api", &[]);
+    p.start(
+        "worker",
+        "worker",
+        &[
+            "--claim-idle-ms",
+            "30000",
+            "--model-timeout-ms",
+            "300",
+            "--job-deadline-ms",
+            "1500",
+        ],
+    );
+    let text = "stuck [hang]";
+    let (_, job_id) = p.submit("acme", "k", text);
+    eventually("a retried attempt", || p.model_calls(text) >= 2);
+    settle();
+    let calls = p.model_calls(text);
+    // Each attempt cut at 300 ms, retried with backoff, until the 1.5 s deadline ends it:
+    // more than one attempt, fewer than the 4 allowed would need without the deadline... or
+    // all 4 if they fit; never more, and no redelivery within claim_idle.
+    assert!((2..=4).contains(&calls), "{calls}");
+    settle();
+    assert_eq!(
+        p.model_calls(text),
+        calls,
+        "the delivery ended at its deadline"
+    );
+    assert_eq!(
+        (p.pending(), p.dead_letters(), p.summaries(&job_id)),
+        (1, 0, 0)
+    );
+}
+
+#[test]
+fn a_mail_provider_that_is_down_gets_the_email_when_it_is_back() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("api", "api", &[]);
+    p.start("worker", "worker", &[]);
+    p.start("relay", "relay", &[]);
+    let (_, job_id) = p.submit("acme", "k", "mailer down");
+    eventually("a failed send", || {
+        p.db.count(&format!(
+            "SELECT count(*) FROM outbox WHERE dedupe_key = '{job_id}:email' AND attempts >= 1 AND last_error IS NOT NULL AND sent_at IS NULL"
+        )) == 1
+    });
+    p.start("mailer", "mailer", &[]);
+    eventually("the email", || p.emails().len() == 1);
+    settle();
+    assert_eq!(p.emails().len(), 1);
+    assert_eq!(p.outbox_rows(&job_id), 1);
+    assert_eq!(
+        p.db.count("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL"),
+        1
+    );
+}
+
+#[test]
+fn a_relay_killed_after_sending_resends_with_the_same_key_and_the_mailer_keeps_one_email() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("mailer", "mailer", &[]);
+    p.start("api", "api", &[]);
+    p.start("worker", "worker", &[]);
+    // Lease 4 s; after the mailer answers it lingers 3 s before recording the send: killed there.
+    p.start(
+        "r1",
+        "relay",
+        &["--claim-idle-ms", "4000", "--linger-ms", "3000"],
+    );
+    let (_, job_id) = p.submit("acme", "k", "relay crash");
+    eventually("the first delivery", || p.deliveries() == 1);
+    p.proc("r1").kill();
+    assert_eq!(
+        p.db.count("SELECT count(*) FROM outbox WHERE sent_at IS NULL"),
+        1,
+        "sent but not recorded"
+    );
+    p.start("r2", "relay", &["--claim-idle-ms", "4000"]);
+    eventually("the resend, after the lease", || {
+        p.db.count("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL") == 1
+    });
+    settle();
+    assert_eq!(p.deliveries(), 2, "the documented window: sent twice");
+    let emails = p.emails();
+    assert_eq!(emails.len(), 1, "the mailer's dedupe keeps it to one email");
+    assert_eq!(emails[0]["key"], format!("{job_id}:email"));
+}
+
+#[test]
+fn two_relays_draining_one_outbox_send_every_row_once() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("api", "api", &[]);
+    p.start("worker", "worker", &[]);
+    let jobs: Vec<String> = (0..20)
+        .map(|i| {
+            p.submit("acme", &format!("k{i}"), &format!("job number {i}"))
+                .1
+        })
+        .collect();
+    eventually("every summary", || {
+        p.db.count("SELECT count(*) FROM outbox") == 20
+    });
+    // The rows wait; then two relays start at once on the same outbox.
+    p.start("mailer", "mailer", &[]);
+    p.start("r1", "relay", &[]);
+    p.start("r2", "relay", &[]);
+    eventually("every email", || p.emails().len() == 20);
+    settle();
+    assert_eq!(p.deliveries(), 20, "no row sent twice");
+    for job in &jobs {
+        assert_eq!(p.outbox_rows(job), 1);
+    }
+}
+
+#[test]
+fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
+    let redis = RedisServer::start();
+    let db = PgDatabase::create();
+    let base = free_port();
+    let binary = support::example_binary_with("pipeline", "worker outbox");
+    let mut child = Command::new(binary)
+        .args(["all", "--redis", &redis.url(), "--postgres", &db.url()])
+        .args(["--addr", &format!("127.0.0.1:{base}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    for port in [base, base + 1, base + 2] {
+        wait_for_port(port, LIMIT);
+    }
+    let body = r#"{"text":"all in one","notify":"a@example.com"}"#;
+    let (status, _) = http(
+        "POST",
+        &format!("http://127.0.0.1:{base}/v1/summaries"),
+        &[
+            ("Idempotency-Key", "k"),
+            ("X-Tenant-Id", "t"),
+            ("Content-Type", "application/json"),
+        ],
+        body,
+    );
+    assert_eq!(status, 202);
+    let mailer = format!("http://127.0.0.1:{}/emails", base + 2);
+    eventually("the email", || {
+        http("GET", &mailer, &[], "").1.contains("a@example.com")
+    });
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(started.elapsed() < LIMIT, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
