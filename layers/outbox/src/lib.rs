@@ -45,7 +45,7 @@
 //! | [`Outbox::enqueue`] in the caller's transaction | `INSERT ... ON CONFLICT (dedupe_key) DO NOTHING`: the same key, topic and payload are written once ([`Enqueued::Duplicate`]); the same key with other content is an error ([`OutboxError::is_key_reused`]); a statement trigger sends `NOTIFY` at commit |
 //! | a relay's pass | one statement: `SELECT ... FOR UPDATE SKIP LOCKED LIMIT batch_size` on due rows, then `leased_until = now() + lease` and a fresh lease token on them; the row locks end with it |
 //! | sending | each row on its own task, through the sender, inside a [`Deadline`](tower_once_timeout::Deadline) of `send_timeout` (80 % of the lease): a `RetryLayer`/`TimeoutLayer` in the sender stops before the lease runs out |
-//! | classified `Success` | `sent_at = now()` (not fenced: it was sent); retried 3 times if Postgres fails, else sent again after the lease with the same key |
+//! | classified `Success` | `sent_at = now()`, in one `UPDATE ... WHERE id = ANY(..)` for every send of the pass that finished by then (not fenced: they were sent); retried 3 times if Postgres fails, else sent again after the lease with the same key |
 //! | classified `Retry { after }`, an error, a timeout or a panic | `attempts + 1`, `last_error`, `next_attempt_at = now() + after` (the provider's `Retry-After`) or the backoff; fenced by the lease token |
 //! | classified `Stop`, or `attempts` reaches `max_attempts` | parked (`parked_at`): [`Outbox::parked`] lists them, [`Outbox::retry_parked`] sends one again |
 //! | a relay dies mid-send | its rows come back when the lease runs out, counted as an attempt (so a message that kills relays is parked too) |

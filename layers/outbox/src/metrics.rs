@@ -38,5 +38,13 @@ pub(crate) fn record(outcome: SendOutcome) {
     metrics::counter!("tower_once_outbox_sends_total", "outcome" => outcome.as_str()).increment(1);
 }
 
+#[cfg(feature = "metrics")]
+pub(crate) fn record_many(outcome: SendOutcome, rows: u64) {
+    metrics::counter!("tower_once_outbox_sends_total", "outcome" => outcome.as_str()).increment(rows);
+}
+
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn record(_: SendOutcome) {}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn record_many(_: SendOutcome, _: u64) {}

@@ -119,7 +119,7 @@ impl Queries {
             // Not fenced by the lease: the message went out, whoever holds the row now.
             sent: format!(
                 "UPDATE {t} SET sent_at = now(), leased_until = NULL, lease_token = NULL \
-                 WHERE id = $1 AND sent_at IS NULL"
+                 WHERE id = ANY($1) AND sent_at IS NULL"
             ),
             // Fenced: a relay whose lease ran out must not move a row another relay holds.
             failed: format!(

@@ -4,7 +4,7 @@ use super::send::{self, Verdict};
 use super::{PassReport, Shared};
 use crate::error::OutboxError;
 use crate::message::{time_from_millis, OutboxMessage};
-use crate::metrics::SendOutcome;
+use crate::metrics::{self, SendOutcome};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::fmt;
@@ -52,7 +52,7 @@ where
     for (id, topic, dedupe_key, payload, attempts, created_ms) in rows {
         let attempts = u32::try_from(attempts).unwrap_or(0);
         if attempts >= config.max_attempts {
-            count(&mut report, send::park_unsent(shared, id, token).await);
+            count(&mut report, send::park_unsent(shared, id, token).await, 1);
             continue;
         }
         let message = OutboxMessage {
@@ -66,7 +66,7 @@ where
         let task_shared = Arc::clone(shared);
         let sender = sender.clone();
         let handle =
-            tasks.spawn(async move { send::send(&task_shared, sender, message, token).await });
+            tasks.spawn(async move { send::send(&task_shared, sender, message).await });
         running.insert(handle.id(), (id, attempts + 1));
     }
 
@@ -77,23 +77,36 @@ where
         }
         tokio::select! {
             joined = tasks.join_next_with_id() => {
-                let Some(joined) = joined else { break };
-                let outcome = match joined {
-                    Ok((task, outcome)) => {
-                        running.remove(&task);
-                        outcome
-                    }
-                    Err(err) => {
-                        let Some((id, attempt)) = running.remove(&err.id()) else { continue };
+                let Some(first) = joined else { break };
+                // Everything finished by now is recorded together: one UPDATE for the sent.
+                let mut sent = Vec::new();
+                let mut next = Some(first);
+                while let Some(joined) = next.take() {
+                    let (task, verdict) = match joined {
+                        Ok((task, verdict)) => (task, verdict),
                         // A panicking sender is a failed attempt, not a dead relay.
-                        let verdict = Verdict::Retry {
+                        Err(err) => (err.id(), Verdict::Retry {
                             after: None,
                             error: "the sender panicked".to_owned(),
-                        };
-                        send::record(shared, id, attempt, token, verdict).await
+                        }),
+                    };
+                    if let Some((id, attempt)) = running.remove(&task) {
+                        match verdict {
+                            Verdict::Sent => sent.push(id),
+                            failure => {
+                                let outcome =
+                                    send::record_failure(shared, id, attempt, token, failure).await;
+                                count(&mut report, outcome, 1);
+                            }
+                        }
                     }
-                };
-                count(&mut report, outcome);
+                    next = tasks.try_join_next_with_id();
+                }
+                if !sent.is_empty() {
+                    let outcome = send::record_sent(shared, &sent).await;
+                    metrics::record_many(outcome, sent.len() as u64);
+                    count(&mut report, outcome, sent.len() as u64);
+                }
             }
             _ = &mut shutdown, if !*stopping => *stopping = true,
             () = sleep_until(grace), if grace.is_some() => {
@@ -126,11 +139,11 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-fn count(report: &mut PassReport, outcome: SendOutcome) {
+fn count(report: &mut PassReport, outcome: SendOutcome, rows: u64) {
     match outcome {
-        SendOutcome::Sent | SendOutcome::SentUnrecorded => report.sent += 1,
-        SendOutcome::Failed => report.failed += 1,
-        SendOutcome::Parked => report.parked += 1,
-        SendOutcome::LeaseLost | SendOutcome::Released => report.released += 1,
+        SendOutcome::Sent | SendOutcome::SentUnrecorded => report.sent += rows,
+        SendOutcome::Failed => report.failed += rows,
+        SendOutcome::Parked => report.parked += rows,
+        SendOutcome::LeaseLost | SendOutcome::Released => report.released += rows,
     }
 }

@@ -25,27 +25,20 @@ pub(crate) enum Verdict {
     },
 }
 
-/// Sends one claimed row and records the outcome.
-pub(crate) async fn send<S, C>(
-    shared: &Shared<C>,
-    mut sender: S,
-    message: OutboxMessage,
-    token: i64,
-) -> SendOutcome
+/// Sends one claimed row and classifies the outcome. The pass records it, so that rows
+/// sent at the same moment are marked in one statement.
+pub(crate) async fn send<S, C>(shared: &Shared<C>, mut sender: S, message: OutboxMessage) -> Verdict
 where
     S: Service<OutboxMessage>,
     S::Error: fmt::Display,
     C: Classify<S::Response, S::Error>,
 {
-    let id = message.id;
-    let attempt = message.attempt;
     let span = tracing::info_span!(
         "outbox_send",
-        id,
+        id = message.id,
         topic = %message.topic,
         dedupe_key = %message.dedupe_key,
-        attempt,
-        outcome = tracing::field::Empty,
+        attempt = message.attempt,
     );
     async move {
         let deadline = Deadline::after(shared.config.effective_send_timeout());
@@ -53,7 +46,7 @@ where
             std::future::poll_fn(|cx| sender.poll_ready(cx)).await?;
             sender.call(message).await
         });
-        let verdict = match tokio::time::timeout_at(deadline.instant(), call).await {
+        match tokio::time::timeout_at(deadline.instant(), call).await {
             Ok(result) => match shared.classifier.classify(&result) {
                 Action::Success => Verdict::Sent,
                 Action::Retry { after } => Verdict::Retry {
@@ -68,10 +61,7 @@ where
                 after: None,
                 error: "send timed out before the lease could run out".to_owned(),
             },
-        };
-        let outcome = record(shared, id, attempt, token, verdict).await;
-        tracing::Span::current().record("outcome", outcome.as_str());
-        outcome
+        }
     }
     .instrument(span)
     .await
@@ -95,56 +85,53 @@ fn error_text<R, E: fmt::Display>(result: &Result<R, E>) -> String {
     }
 }
 
-/// Writes the verdict on the row. A "sent" is retried a few times (every failure here means
-/// one more send later); a failure is fenced by the lease token.
-pub(crate) async fn record<C>(
+/// Marks rows sent, in one statement, retried a few times: every failure here means those
+/// rows are sent again after their lease (with the same dedupe key). Not fenced by the lease:
+/// they were sent, whoever holds them now.
+pub(crate) async fn record_sent<C>(shared: &Shared<C>, ids: &[i64]) -> SendOutcome {
+    let mut wait = Duration::from_millis(100);
+    for _ in 0..3 {
+        let marked = sqlx::query(&shared.outbox.queries().sent)
+            .bind(ids)
+            .execute(shared.outbox.pool())
+            .await;
+        match marked {
+            Ok(_) => return SendOutcome::Sent,
+            Err(e) => {
+                tracing::warn!(error = %e, rows = ids.len(), "could not record sent messages; retrying");
+                tokio::time::sleep(wait).await;
+                wait *= 4;
+            }
+        }
+    }
+    tracing::error!(
+        rows = ids.len(),
+        "sent but not recorded: sent again after their lease, with the same dedupe keys"
+    );
+    SendOutcome::SentUnrecorded
+}
+
+/// Records a failed attempt on its row: backoff (or the provider's delay), or parked. Fenced
+/// by the lease token.
+pub(crate) async fn record_failure<C>(
     shared: &Shared<C>,
     id: i64,
     attempt: u32,
     token: i64,
     verdict: Verdict,
 ) -> SendOutcome {
-    let queries = shared.outbox.queries();
-    let pool = shared.outbox.pool();
     let outcome = match verdict {
-        Verdict::Sent => {
-            let mut wait = Duration::from_millis(100);
-            let mut outcome = SendOutcome::SentUnrecorded;
-            for _ in 0..3 {
-                match sqlx::query(&queries.sent).bind(id).execute(pool).await {
-                    Ok(_) => {
-                        outcome = SendOutcome::Sent;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not record a sent message; retrying");
-                        tokio::time::sleep(wait).await;
-                        wait *= 4;
-                    }
-                }
-            }
-            if outcome == SendOutcome::SentUnrecorded {
-                tracing::error!(
-                    "sent but not recorded: it is sent again after its lease, with the same dedupe key"
-                );
-            }
-            outcome
-        }
+        Verdict::Sent => return record_sent(shared, &[id]).await,
         Verdict::Retry { after, error } => {
             let delay = after.map_or_else(
-                || {
-                    shared
-                        .config
-                        .backoff
-                        .delay(attempt, Duration::ZERO, &mut fastrand::Rng::new())
-                },
+                || shared.config.backoff.delay(attempt, Duration::ZERO, &mut fastrand::Rng::new()),
                 |after| after.min(MAX_PROVIDER_DELAY),
             );
-            tracing::debug!(error = %error, ?delay, "send failed");
+            tracing::debug!(id, attempt, error = %error, ?delay, "send failed");
             failed(shared, id, token, Some(&error), delay, false, 1).await
         }
         Verdict::Park { error } => {
-            tracing::warn!(error = %error, "send failed for good; parked");
+            tracing::warn!(id, attempt, error = %error, "send failed for good; parked");
             failed(shared, id, token, Some(&error), Duration::ZERO, true, 1).await
         }
     };
