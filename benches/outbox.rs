@@ -29,7 +29,10 @@ impl Drop for Database {
     fn drop(&mut self) {
         let _ = std::process::Command::new("psql")
             .arg(format!("{}/postgres", base()))
-            .args(["-qc", &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)])
+            .args([
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            ])
             .output();
     }
 }
@@ -39,7 +42,12 @@ async fn fill(pool: &PgPool, outbox: &Outbox, rows: usize) {
     let mut tx = pool.begin().await.unwrap();
     for i in 0..rows {
         outbox
-            .enqueue(&mut tx, "email", &format!("k{i}"), r#"{"to":"a@example.com"}"#)
+            .enqueue(
+                &mut tx,
+                "email",
+                &format!("k{i}"),
+                r#"{"to":"a@example.com"}"#,
+            )
             .await
             .unwrap();
     }
@@ -144,11 +152,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let rows: usize = std::env::var("ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let rows: usize = std::env::var("ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
     let db = Database {
         name: format!("tower_once_bench_{}", std::process::id()),
     };
-    let admin = PgPool::connect(&format!("{}/postgres", base())).await.unwrap();
+    let admin = PgPool::connect(&format!("{}/postgres", base()))
+        .await
+        .unwrap();
     sqlx::query(&format!("CREATE DATABASE {}", db.name))
         .execute(&admin)
         .await

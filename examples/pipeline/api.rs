@@ -100,6 +100,13 @@ async fn create(
             "text must not be empty, notify must be an address",
         );
     }
+    // Postgres text cannot hold NUL: refuse it here rather than accept a job that cannot finish.
+    if new.text.contains('\0') || new.notify.contains('\0') || new.notify.len() > 320 {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "text and notify must not contain NUL; notify at most 320 bytes",
+        );
+    }
     // The same tenant and Idempotency-Key always give the same job id: a retry that reaches
     // this handler again (the first try died after XADD) enqueues the same job.
     let job_id = JobId::from_scoped_key(&key);
@@ -118,12 +125,27 @@ async fn create(
     }
 }
 
-async fn read(State(app): State<App>, Path(job_id): Path<String>) -> Response {
-    let summary: Result<Option<String>, _> =
-        tower_once::outbox::sqlx::query_scalar("SELECT summary FROM summaries WHERE job_id = $1")
-            .bind(&job_id)
-            .fetch_optional(&app.pool)
-            .await;
+/// A tenant that names itself reads only its own summaries; without `X-Tenant-Id` the job id,
+/// which only the tenant that submitted it was given, is the capability.
+async fn read(
+    State(app): State<App>,
+    Path(job_id): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if JobId::new(job_id.as_str()).is_err() {
+        return problem(StatusCode::NOT_FOUND, "no such job");
+    }
+    let tenant = headers.get("x-tenant-id").and_then(|v| v.to_str().ok());
+    let row: Result<Option<(String, String)>, _> = tower_once::outbox::sqlx::query_as(
+        "SELECT summary, tenant FROM summaries WHERE job_id = $1",
+    )
+    .bind(&job_id)
+    .fetch_optional(&app.pool)
+    .await;
+    let summary = row.map(|row| {
+        row.filter(|(_, owner)| tenant.is_none_or(|t| t == owner))
+            .map(|(summary, _)| summary)
+    });
     match summary {
         Ok(Some(summary)) => (
             StatusCode::OK,

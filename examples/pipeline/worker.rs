@@ -100,6 +100,14 @@ fn model_client(args: &Args) -> Result<Model, BoxError> {
 async fn handle(h: Handler, job: Job) -> Result<(), JobError> {
     let job_id = job.job_id().as_str().to_owned();
     let payload: Payload = serde_json::from_slice(job.payload()).map_err(JobError::permanent)?;
+    let email_key = email_key(&job_id);
+    // Checked before the model is paid for: what can never be stored is dead-lettered now.
+    if payload.text.contains('\0') || payload.notify.contains('\0') || payload.tenant.contains('\0')
+    {
+        return Err(JobError::permanent(
+            "payload holds NUL, which Postgres text cannot store",
+        ));
+    }
     // Redelivered after its transaction committed (the worker died before XACK): done.
     let done: Option<i32> = sqlx::query_scalar("SELECT 1 FROM summaries WHERE job_id = $1")
         .bind(&job_id)
@@ -122,23 +130,50 @@ async fn handle(h: Handler, job: Job) -> Result<(), JobError> {
     .bind(&payload.notify)
     .fetch_optional(&mut *tx)
     .await
-    .map_err(JobError::transient)?;
+    .map_err(db_error)?;
     if inserted.is_none() {
         // A concurrent delivery of the same job committed first.
         return finish(&job_id, "duplicate", job.deliveries(), Duration::ZERO).await;
     }
     let email = json!({ "job_id": job_id, "to": payload.notify, "summary": summary });
     h.outbox
-        .enqueue(
-            &mut tx,
-            "email",
-            &format!("{job_id}:email"),
-            email.to_string(),
-        )
+        .enqueue(&mut tx, "email", &email_key, email.to_string())
         .await
-        .map_err(JobError::transient)?;
+        .map_err(|e| {
+            if e.is_database() {
+                JobError::transient(e)
+            } else {
+                // Invalid, or the key reused for another message: no redelivery changes that.
+                JobError::permanent(e)
+            }
+        })?;
     tx.commit().await.map_err(JobError::transient)?;
     finish(&job_id, "done", job.deliveries(), h.linger).await
+}
+
+/// `<job_id>:email`, or for a job id too long for that to be a dedupe key (up to 255 bytes),
+/// the same built on the job id's UUID v5: stable, so a redelivery enqueues the same key.
+fn email_key(job_id: &str) -> String {
+    let key = format!("{job_id}:email");
+    if key.len() <= tower_once::outbox::MAX_KEY_LEN {
+        return key;
+    }
+    let uuid = uuid::Uuid::new_v5(&tower_once::worker::JOB_ID_NAMESPACE, job_id.as_bytes());
+    format!("{}:email", uuid.hyphenated())
+}
+
+/// Postgres's data exceptions (SQLSTATE class 22: a value it cannot store) are permanent; any
+/// other database error (connection, deadlock, shutdown) is worth a redelivery.
+fn db_error(e: sqlx::Error) -> JobError {
+    let data = e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code.starts_with("22"));
+    if data {
+        JobError::permanent(e)
+    } else {
+        JobError::transient(e)
+    }
 }
 
 /// The model's answer as a summary, or an error the worker classifies: a 4xx other than

@@ -44,10 +44,10 @@
 //! |---|---|
 //! | [`Outbox::enqueue`] in the caller's transaction | `INSERT ... ON CONFLICT (dedupe_key) DO NOTHING`: the same key, topic and payload are written once ([`Enqueued::Duplicate`]); the same key with other content is an error ([`OutboxError::is_key_reused`]); a statement trigger sends `NOTIFY` at commit |
 //! | a relay's pass | one statement: `SELECT ... FOR UPDATE SKIP LOCKED LIMIT batch_size` on due rows, then `leased_until = now() + lease` and a fresh lease token on them; the row locks end with it |
-//! | sending | each row on its own task, through the sender, inside a [`Deadline`](tower_once_timeout::Deadline) of `send_timeout` (80 % of the lease): a `RetryLayer`/`TimeoutLayer` in the sender stops before the lease runs out |
+//! | sending | each row on its own task, through the sender, inside a [`Deadline`](tower_once_timeout::Deadline) of `send_timeout` (80 % of the lease) counted from *before* the claim: a `RetryLayer`/`TimeoutLayer` in the sender stops before the lease runs out, and a send that could not start in time (a slow statement earlier in the pass) is released unsent instead of racing another relay |
 //! | classified `Success` | `sent_at = now()`, in one `UPDATE ... WHERE id = ANY(..)` for every send of the pass that finished by then (not fenced: they were sent); retried 3 times if Postgres fails, else sent again after the lease with the same key |
 //! | classified `Retry { after }`, an error, a timeout or a panic | `attempts + 1`, `last_error`, `next_attempt_at = now() + after` (the provider's `Retry-After`) or the backoff; fenced by the lease token |
-//! | classified `Stop`, or `attempts` reaches `max_attempts` | parked (`parked_at`): [`Outbox::parked`] lists them, [`Outbox::retry_parked`] sends one again |
+//! | classified `Stop`, or `attempts` reaches `max_attempts` | parked (`parked_at`): [`Outbox::parked`] lists them, [`Outbox::retry_parked`] sends one again (and `NOTIFY`s running relays) |
 //! | a relay dies mid-send | its rows come back when the lease runs out, counted as an attempt (so a message that kills relays is parked too) |
 //! | shutdown | no new pass; sends in flight get `shutdown_grace`, the rest are released (`next_attempt_at = now()`) |
 //! | sent rows | deleted after `retain_sent` (7 days), which is also how long a dedupe key is remembered |
@@ -56,6 +56,10 @@
 //! keep them apart, and a row is claimable again only after its lease. The one double send is the
 //! documented one: a relay that sent and then could not record it (it died, or Postgres did)
 //! leaves the row to be sent again after the lease, with the same dedupe key.
+//!
+//! The relay listens on a connection of its own (made with the pool's options, outside the
+//! pool), so even a one-connection pool is left for the passes. Error texts are stored with
+//! NUL replaced and cut to 2 KiB.
 //!
 //! The schema is `migrations/0001_outbox.sql` (PostgreSQL 14+): copy it into your migrations,
 //! or call [`Outbox::migrate`], which runs it under an advisory lock.

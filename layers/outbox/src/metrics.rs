@@ -40,7 +40,8 @@ pub(crate) fn record(outcome: SendOutcome) {
 
 #[cfg(feature = "metrics")]
 pub(crate) fn record_many(outcome: SendOutcome, rows: u64) {
-    metrics::counter!("tower_once_outbox_sends_total", "outcome" => outcome.as_str()).increment(rows);
+    metrics::counter!("tower_once_outbox_sends_total", "outcome" => outcome.as_str())
+        .increment(rows);
 }
 
 #[cfg(not(feature = "metrics"))]

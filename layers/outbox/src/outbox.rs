@@ -139,7 +139,14 @@ impl Outbox {
             .bind(id)
             .execute(&self.pool)
             .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        // Only inserts fire the trigger: wake running relays for this row too.
+        sqlx::query(&self.queries.notify)
+            .execute(&self.pool)
+            .await?;
+        Ok(true)
     }
 
     /// Row counts by state.

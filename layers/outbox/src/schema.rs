@@ -58,6 +58,11 @@ fn check_ident(part: &str) -> Result<(), OutboxError> {
         .next()
         .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
     let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if RESERVED.contains(&part) {
+        return Err(OutboxError::config(
+            "table name: a word Postgres reserves (user, order, table, ...) cannot be a name here",
+        ));
+    }
     if first_ok && rest_ok && part.len() <= 48 {
         Ok(())
     } else {
@@ -66,6 +71,113 @@ fn check_ident(part: &str) -> Result<(), OutboxError> {
         ))
     }
 }
+
+/// PostgreSQL's reserved key words (and those reserved except as function or type names):
+/// unquoted, none of them can name a table or schema. Names are written into SQL unquoted,
+/// so these are refused up front rather than failing in `migrate`.
+const RESERVED: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
+    "not",
+    "notnull",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "overlaps",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "right",
+    "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "system_user",
+    "table",
+    "tablesample",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+];
 
 /// Every statement the outbox runs, rendered for one table.
 #[derive(Debug)]
@@ -81,6 +193,7 @@ pub(crate) struct Queries {
     pub(crate) parked: String,
     pub(crate) retry_parked: String,
     pub(crate) stats: String,
+    pub(crate) notify: String,
     pub(crate) purge_sent: String,
 }
 
@@ -153,6 +266,9 @@ impl Queries {
                    count(*) FILTER (WHERE parked_at IS NOT NULL AND sent_at IS NULL), \
                    count(*) FILTER (WHERE sent_at IS NOT NULL) \
                  FROM {t}"
+            ),
+            notify: format!(
+                "SELECT pg_notify('tower_once_outbox_' || '{t}'::regclass::oid::text, '')"
             ),
             purge_sent: format!(
                 "DELETE FROM {t} WHERE id IN ( \

@@ -150,7 +150,7 @@ async fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 // Breaks
 // ---------------------------------------------------------------------------------------------
 
-/// BREAK: `Stop` parks at once — unless the provider's error text holds a NUL byte. Postgres
+/// Was a break, now fixed: `Stop` parks at once — unless the provider's error text holds a NUL byte. Postgres
 /// `TEXT` refuses `\0`, so the fenced `failed` UPDATE errors, the error is only logged, and
 /// the row stays leased: no park, no `last_error`, no backoff. After the lease the claim counts
 /// a "lease expired" attempt and the 400 is sent again, `max_attempts` times in all.
@@ -189,7 +189,7 @@ async fn a_stop_whose_error_text_holds_a_nul_byte_still_parks_the_row() {
     assert_eq!(calls.load(Ordering::SeqCst), 1, "a 400 is sent once");
 }
 
-/// BREAK: `shutdown_grace(Duration::MAX)` ("let sends in flight finish, however long") is
+/// Was a break, now fixed: `shutdown_grace(Duration::MAX)` ("let sends in flight finish, however long") is
 /// accepted by `validate`, and then `run` panics at shutdown: `Instant::now() + grace`
 /// overflows (pass.rs) as soon as a send is in flight.
 #[tokio::test]
@@ -232,7 +232,7 @@ async fn an_unbounded_shutdown_grace_does_not_panic_at_shutdown() {
     assert_eq!(report.totals.sent, 1, "the send in flight finished");
 }
 
-/// BREAK: a relay whose pool has one connection never sends: `run` LISTENs through
+/// Was a break, now fixed: a relay whose pool has one connection never sends: `run` LISTENs through
 /// `PgListener::connect_with(pool)`, which keeps that pool connection for good, so every
 /// pass waits for `acquire_timeout` and fails. Nothing documents a minimum pool size.
 #[tokio::test]
@@ -271,7 +271,7 @@ async fn a_relay_on_a_one_connection_pool_still_sends() {
     );
 }
 
-/// BREAK: `retry_parked` promises "a relay picks it up at once", but it is an UPDATE and only
+/// Was a break, now fixed: `retry_parked` promises "a relay picks it up at once", but it is an UPDATE and only
 /// INSERT fires the NOTIFY trigger: a running relay sends it at its next poll (5 s by default,
 /// here 10 min).
 #[tokio::test]
@@ -325,7 +325,7 @@ async fn a_running_relay_picks_up_a_retried_parked_row_at_once() {
     assert!(resent, "retry_parked: a running relay picks it up at once");
 }
 
-/// BREAK: `Outbox::table` "fails, with `is_config`, on any other name: it is written into
+/// Was a break, now fixed: `Outbox::table` "fails, with `is_config`, on any other name: it is written into
 /// SQL", but a reserved word passes the check (lowercase letters) and then every statement is
 /// a syntax error: `CREATE TABLE IF NOT EXISTS user (...`.
 #[tokio::test]
@@ -348,7 +348,7 @@ async fn a_reserved_word_table_name_is_refused_or_works() {
     }
 }
 
-/// BREAK: two relays send the same row at once. The send's deadline (80 % of the lease)
+/// Was a break, now fixed: two relays send the same row at once. The send's deadline (80 % of the lease)
 /// starts when its task starts, not when the lease was written: a pass first parks the rows
 /// that killed earlier relays, one statement at a time, and only then spawns the sends. When
 /// such a statement is slow (here a trigger stands in for a lock wait or a slow disk), the

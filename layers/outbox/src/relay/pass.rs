@@ -12,7 +12,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::task::JoinSet;
+use tower_once_core::time::saturating_add;
 use tower_once_retry::classify::Classify;
+use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 type Claimed = (i64, String, String, Vec<u8>, i32, i64);
@@ -36,6 +38,8 @@ where
 {
     let config = &shared.config;
     let token = fastrand::i64(..);
+    // Taken before the claim, so that every send of this pass ends before the lease does.
+    let deadline = Deadline::after(config.effective_send_timeout());
     let lease_ms = i64::try_from(config.lease.as_millis()).unwrap_or(i64::MAX);
     let rows: Vec<Claimed> = sqlx::query_as(&shared.outbox.queries().claim)
         .bind(i64::from(config.batch_size))
@@ -66,14 +70,17 @@ where
         let task_shared = Arc::clone(shared);
         let sender = sender.clone();
         let handle =
-            tasks.spawn(async move { send::send(&task_shared, sender, message).await });
+            tasks.spawn(async move { send::send(&task_shared, sender, message, deadline).await });
         running.insert(handle.id(), (id, attempts + 1));
     }
 
     let mut grace = None;
     while !tasks.is_empty() {
         if *stopping && grace.is_none() {
-            grace = Some(tokio::time::Instant::now() + config.shutdown_grace);
+            grace = Some(saturating_add(
+                tokio::time::Instant::now(),
+                config.shutdown_grace,
+            ));
         }
         tokio::select! {
             joined = tasks.join_next_with_id() => {

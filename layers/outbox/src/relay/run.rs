@@ -3,7 +3,7 @@
 
 use super::{pass, OutboxRelay, RelayReport};
 use crate::message::OutboxMessage;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -96,7 +96,13 @@ where
                 .bind(outbox.table_name())
                 .fetch_one(outbox.pool())
                 .await?;
-            let mut listener = PgListener::connect_with(outbox.pool()).await?;
+            // A connection of its own, outside the application's pool: LISTEN holds it for
+            // good, and a small pool must still have room for the passes.
+            let options = (*outbox.pool().connect_options()).clone();
+            let own = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(options);
+            let mut listener = PgListener::connect_with(&own).await?;
             listener.listen(&format!("tower_once_outbox_{oid}")).await?;
             Ok::<_, sqlx::Error>(listener)
         };
@@ -130,7 +136,12 @@ where
 /// never when there is none).
 async fn recv(listener: &mut Option<PgListener>) -> bool {
     match listener {
-        Some(l) => l.recv().await.is_ok(),
+        Some(l) => {
+            let woke = l.recv().await.is_ok();
+            // One pass serves every notification that came in meanwhile (a burst of commits).
+            while l.next_buffered().is_some() {}
+            woke
+        }
         None => std::future::pending().await,
     }
 }

@@ -15,6 +15,8 @@ const MAX_PROVIDER_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// What the attempt says about the row.
 pub(crate) enum Verdict {
+    /// Not sent: the lease was too far gone when the task started (the row is released).
+    Unsent,
     Sent,
     Retry {
         after: Option<Duration>,
@@ -27,7 +29,12 @@ pub(crate) enum Verdict {
 
 /// Sends one claimed row and classifies the outcome. The pass records it, so that rows
 /// sent at the same moment are marked in one statement.
-pub(crate) async fn send<S, C>(shared: &Shared<C>, mut sender: S, message: OutboxMessage) -> Verdict
+pub(crate) async fn send<S, C>(
+    shared: &Shared<C>,
+    mut sender: S,
+    message: OutboxMessage,
+    deadline: Deadline,
+) -> Verdict
 where
     S: Service<OutboxMessage>,
     S::Error: fmt::Display,
@@ -41,7 +48,12 @@ where
         attempt = message.attempt,
     );
     async move {
-        let deadline = Deadline::after(shared.config.effective_send_timeout());
+        // NOTE: the deadline was set before the claim, so it ends before the lease does, however
+        // long the pass took to get here; a send that could not start in time does not start.
+        if deadline.is_expired() {
+            tracing::warn!("the lease ran short before the send could start; released");
+            return Verdict::Unsent;
+        }
         let call = deadline.in_scope(async {
             std::future::poll_fn(|cx| sender.poll_ready(cx)).await?;
             sender.call(message).await
@@ -71,7 +83,8 @@ fn error_text<R, E: fmt::Display>(result: &Result<R, E>) -> String {
     match result {
         Ok(_) => "the provider's response was classified as a failure".to_owned(),
         Err(e) => {
-            let mut text = e.to_string();
+            // Postgres text cannot hold NUL: a provider's bytes must not make the record fail.
+            let mut text = e.to_string().replace('\0', "\u{FFFD}");
             // A hostile or verbose provider must not fill the table.
             if text.len() > 2048 {
                 let mut end = 2048;
@@ -122,9 +135,15 @@ pub(crate) async fn record_failure<C>(
 ) -> SendOutcome {
     let outcome = match verdict {
         Verdict::Sent => return record_sent(shared, &[id]).await,
+        Verdict::Unsent => release(shared, &[id], token).await,
         Verdict::Retry { after, error } => {
             let delay = after.map_or_else(
-                || shared.config.backoff.delay(attempt, Duration::ZERO, &mut fastrand::Rng::new()),
+                || {
+                    shared
+                        .config
+                        .backoff
+                        .delay(attempt, Duration::ZERO, &mut fastrand::Rng::new())
+                },
                 |after| after.min(MAX_PROVIDER_DELAY),
             );
             tracing::debug!(id, attempt, error = %error, ?delay, "send failed");
@@ -137,6 +156,20 @@ pub(crate) async fn record_failure<C>(
     };
     metrics::record(outcome);
     outcome
+}
+
+/// Gives rows back at once, uncounted (fenced: only while still ours).
+pub(crate) async fn release<C>(shared: &Shared<C>, ids: &[i64], token: i64) -> SendOutcome {
+    let released = sqlx::query(&shared.outbox.queries().release)
+        .bind(ids)
+        .bind(token)
+        .execute(shared.outbox.pool())
+        .await;
+    if let Err(e) = released {
+        // The lease runs out instead.
+        tracing::warn!(error = %e, "could not release rows");
+    }
+    SendOutcome::Released
 }
 
 /// Parks a claimed row without sending it: earlier relays died on it `max_attempts` times.
