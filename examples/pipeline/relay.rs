@@ -11,7 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_once::outbox::{OutboxMessage, OutboxRelay, RelayConfig};
-use tower_once::retry::backoff::Backoff;
+use tower_once::retry::backoff::{Backoff, Jitter};
 use tower_once::retry::classify::{Action, Classify, HttpClassifier};
 use tower_once::timeout::TimeoutLayer;
 use tower_once::worker::BoxError;
@@ -48,11 +48,12 @@ pub(crate) async fn run(
         .lease(lease)
         .send_timeout(lease.mul_f64(0.8))
         .poll_interval(args.poll.max(Duration::from_millis(10)))
-        .backoff(Backoff::new(
-            Duration::from_millis(500),
-            2.0,
-            Duration::from_secs(30),
-        )?);
+        // 1 to 2 s after the first failure (equal jitter), doubling to a minute: a provider that
+        // is down is not hammered, and one that is back gets the row on the next pass.
+        .backoff(
+            Backoff::new(Duration::from_secs(2), 2.0, Duration::from_secs(60))?
+                .jitter(Jitter::Equal),
+        );
     let relay = OutboxRelay::new(outbox, config, sender)?.classify(MailerClassifier);
     tracing::info!("relay starting");
     let report = relay.run(shutdown).await;

@@ -19,6 +19,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// assert_eq!(saturating_add(now, Duration::MAX), now + MAX_DURATION);
 /// assert_eq!(saturating_add(now, Duration::from_secs(1)), now + Duration::from_secs(1));
 /// ```
+#[inline]
 pub fn saturating_add(now: Instant, span: Duration) -> Instant {
-    now.checked_add(span).unwrap_or(now + MAX_DURATION)
+    // One checked addition; `now` itself only if the clock is within 100 years of its end.
+    now.checked_add(span.min(MAX_DURATION)).unwrap_or(now)
 }

@@ -84,6 +84,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     /// Reads the clock once: it is the main cost of a timeout on the happy path.
+    #[inline]
     pub(crate) fn new(limit: Duration, deadline: Option<Deadline>) -> Self {
         let now = Instant::now();
         let end = tower_once_core::time::saturating_add(now, limit);
@@ -122,7 +123,7 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let budget = Budget::new(self.limit, Deadline::current());
         if budget.is_spent() {
-            return ResponseFuture::spent(budget.elapsed);
+            return ResponseFuture::spent(budget);
         }
         // Inner layers and transports see this call's own, tighter, deadline.
         let inner = Deadline::at(budget.until).scope(|| self.inner.call(req));
@@ -133,33 +134,32 @@ where
 pin_project! {
     /// Response future of [`Timeout`].
     pub struct ResponseFuture<F> {
+        // `None` when the deadline was spent before the call: the inner service was not called.
+        // NOTE: a flat struct, not an enum of states: the happy path builds it in place, with no
+        // copy of the (large) timer between states.
         #[pin]
-        kind: Kind<F>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F> {
-        Running { #[pin] inner: F, #[pin] sleep: Sleep, elapsed: Elapsed },
-        Spent { elapsed: Elapsed },
+        inner: Option<F>,
+        #[pin]
+        sleep: Sleep,
+        elapsed: Elapsed,
     }
 }
 
 impl<F> ResponseFuture<F> {
+    #[inline]
     pub(crate) fn new(inner: F, budget: Budget) -> Self {
         Self {
-            kind: Kind::Running {
-                inner,
-                sleep: tokio::time::sleep_until(budget.until),
-                elapsed: budget.elapsed,
-            },
+            inner: Some(inner),
+            sleep: tokio::time::sleep_until(budget.until),
+            elapsed: budget.elapsed,
         }
     }
 
-    pub(crate) fn spent(elapsed: Elapsed) -> Self {
+    pub(crate) fn spent(budget: Budget) -> Self {
         Self {
-            kind: Kind::Spent { elapsed },
+            inner: None,
+            sleep: tokio::time::sleep_until(budget.until),
+            elapsed: budget.elapsed,
         }
     }
 }
@@ -171,31 +171,24 @@ where
     type Output = Result<T, TimeoutError<E>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Running {
-                inner,
-                sleep,
-                elapsed,
-            } => {
-                // NOTE: the inner future is polled first, so a result that is ready in the same
-                // poll as the timer wins (as in tower::timeout).
-                if let Poll::Ready(result) = inner.poll(cx) {
-                    return Poll::Ready(result.map_err(TimeoutError::inner));
-                }
-                match sleep.poll(cx) {
-                    Poll::Ready(()) => {
-                        elapsed.record("timeout");
-                        tracing::debug!(limit = ?elapsed.limit(), deadline = elapsed.is_deadline(), "call timed out");
-                        Poll::Ready(Err((*elapsed).into()))
-                    }
-                    Poll::Pending => Poll::Pending,
-                }
+        let this = self.project();
+        let Some(inner) = this.inner.as_pin_mut() else {
+            this.elapsed.record("timeout");
+            tracing::debug!("deadline already spent; inner service not called");
+            return Poll::Ready(Err((*this.elapsed).into()));
+        };
+        // NOTE: the inner future is polled first, so a result that is ready in the same poll
+        // as the timer wins (as in tower::timeout).
+        if let Poll::Ready(result) = inner.poll(cx) {
+            return Poll::Ready(result.map_err(TimeoutError::inner));
+        }
+        match this.sleep.poll(cx) {
+            Poll::Ready(()) => {
+                this.elapsed.record("timeout");
+                tracing::debug!(limit = ?this.elapsed.limit(), deadline = this.elapsed.is_deadline(), "call timed out");
+                Poll::Ready(Err((*this.elapsed).into()))
             }
-            KindProj::Spent { elapsed } => {
-                elapsed.record("timeout");
-                tracing::debug!("deadline already spent; inner service not called");
-                Poll::Ready(Err((*elapsed).into()))
-            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }

@@ -108,7 +108,7 @@ where
         let budget = Budget::new(self.config.limit, Deadline::of(&req));
         if budget.is_spent() {
             return ResponseFuture {
-                inner: Inner::spent(budget.elapsed),
+                inner: Inner::spent(budget),
                 cover: None,
             };
         }
