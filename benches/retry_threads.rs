@@ -1,0 +1,118 @@
+//! Does the retry layer scale across cores? Calls per second on a multi-thread tokio runtime
+//! with 1 and with 2 worker threads (this machine has 2 cores), tasks on every thread sharing
+//! one layer (so one retry budget and one set of counters), beside no retry and
+//! tower-resilience's retry on the same happy path. A process-wide lock or a contended atomic
+//! on the request path shows as a ratio well under 2.
+//!
+//! ```sh
+//! cargo bench --bench retry_threads --features retry     # CALLS=2000000 by default
+//! ```
+
+use std::time::{Duration, Instant};
+use tower::{Layer, Service, ServiceExt};
+use tower_once::retry::RetryLayer;
+
+#[derive(Debug, Clone)]
+struct Failed;
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed")
+    }
+}
+
+impl std::error::Error for Failed {}
+
+fn inner() -> impl Service<u64, Response = u64, Error = Failed, Future: Send> + Clone + Send {
+    tower::service_fn(|x: u64| async move { Ok::<_, Failed>(x + 1) })
+}
+
+/// Calls per second: `calls` in all, split over 8 tasks per worker thread.
+fn run<S>(threads: usize, calls: u64, svc: S) -> f64
+where
+    S: Service<u64, Response = u64> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let tasks = threads * 8;
+        let per_task = calls / tasks as u64;
+        let started = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let mut svc = svc.clone();
+                tokio::spawn(async move {
+                    for i in 0..per_task {
+                        let out = svc.ready().await.expect("ready").call(i).await;
+                        assert_eq!(out.expect("ok"), i + 1);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.expect("task");
+        }
+        (per_task * tasks as u64) as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let calls: u64 = std::env::var("CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000_000);
+    let once = RetryLayer::new().layer(inner());
+    let resilience = tower_resilience::retry::RetryLayer::<u64, u64, Failed>::builder()
+        .max_attempts(4)
+        .exponential_backoff(Duration::from_millis(500))
+        .build()
+        .layer(inner());
+    println!("calls per second, {calls} calls per run, median of 5 interleaved rounds");
+    println!();
+    println!("| service | 1 thread | 2 threads | 2 / 1 |");
+    println!("|---|---|---|---|");
+    let mut rows: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![
+        ("no retry", Vec::new(), Vec::new()),
+        (
+            "tower-once `RetryLayer` (deadline, budget)",
+            Vec::new(),
+            Vec::new(),
+        ),
+        ("tower-resilience retry", Vec::new(), Vec::new()),
+    ];
+    for _ in 0..5 {
+        for threads in [1, 2] {
+            let r = [
+                run(threads, calls, inner()),
+                run(threads, calls, once.clone()),
+                run(threads, calls, resilience.clone()),
+            ];
+            for (row, value) in rows.iter_mut().zip(r) {
+                if threads == 1 {
+                    row.1.push(value);
+                } else {
+                    row.2.push(value);
+                }
+            }
+        }
+    }
+    for (name, one, two) in rows {
+        let (one, two) = (median(one), median(two));
+        println!(
+            "| {name} | {:.2} M | {:.2} M | {:.2} |",
+            one / 1e6,
+            two / 1e6,
+            two / one
+        );
+    }
+}
