@@ -1055,3 +1055,80 @@ async fn concurrency_bounds_running_handlers_and_entries_read() {
     assert!(most_pending <= 6, "{most_pending} entries pending at once");
     assert_eq!(pending(&mut conn, "jobs").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_error_with_a_delay_is_redelivered_after_it_not_after_claim_idle() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    // The upstream says "retry in 300 ms" once; claim_idle is a minute, so without the delay
+    // the second delivery would come a minute later, after this test gave up.
+    let svc = handler(&log, |job| {
+        if job.deliveries() == 1 {
+            Err(JobError::transient("429 from upstream")
+                .redeliver_after(Duration::from_millis(300)))
+        } else {
+            Ok(Duration::ZERO)
+        }
+    });
+    // Longer than claim_idle: cut to it, so held back exactly as without a delay.
+    let long = handler(&log, |_| {
+        Err(JobError::transient("503").redeliver_after(Duration::from_secs(3600)))
+    });
+    xadd(&mut conn, "soon", "job-soon", "{}").await;
+    xadd(&mut conn, "late", "job-late", "{}").await;
+    let minute = Duration::from_secs(60);
+    let soon = start!(Worker::connect(
+        &server.url(),
+        config("soon", "w1")
+            .claim_idle(minute)
+            .block(Duration::from_millis(100)),
+        svc
+    )
+    .unwrap());
+    let late = start!(Worker::connect(
+        &server.url(),
+        config("late", "w1")
+            .claim_idle(minute)
+            .block(Duration::from_millis(100)),
+        long
+    )
+    .unwrap());
+    eventually("the early second delivery", || async {
+        log.calls("job-soon") == 2
+    })
+    .await;
+    eventually("the acknowledgement", || async {
+        pending(&mut conn.clone(), "soon").await == 0
+    })
+    .await;
+    assert_eq!(log.deliveries("job-soon"), [1, 2]);
+    eventually("the long one failed once", || async {
+        log.calls("job-late") == 1
+    })
+    .await;
+    // Its idle time starts over (held back a whole claim_idle), not past it.
+    let reply: Value = redis::cmd("XPENDING")
+        .arg("late")
+        .arg("workers")
+        .arg("-")
+        .arg("+")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let idle_ms = match reply {
+        Value::Array(rows) => match rows.first() {
+            Some(Value::Array(row)) => match row.get(2) {
+                Some(Value::Int(ms)) => *ms,
+                _ => -1,
+            },
+            _ => -1,
+        },
+        _ => -1,
+    };
+    assert!((0..30_000).contains(&idle_ms), "idle {idle_ms} ms");
+    soon.stop().await;
+    late.stop().await;
+    assert_eq!(log.calls("job-late"), 1, "not redelivered early");
+}

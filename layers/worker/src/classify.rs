@@ -9,14 +9,16 @@
 //! | `Retry { .. }` | leaves the entry pending: redelivered (by `XAUTOCLAIM`) once idle for `claim_idle` |
 //! | `Stop` | dead-letters it (`XADD <dead>` + `XACK` in one `MULTI`) |
 //!
-//! A stream cannot delay one entry, so a `Retry`'s `after` is not honoured: redelivery waits
-//! `claim_idle`. The default, [`JobClassifier`], retries every error except those marked
+//! A `Retry { after: Some(d) }` ([`JobError::redeliver_after`]) makes the entry claimable
+//! again after `d` instead of `claim_idle` (its idle time is set to `claim_idle - d`); a stream
+//! cannot hold one entry back longer than `claim_idle`, so longer delays are cut to it. The default, [`JobClassifier`], retries every error except those marked
 //! permanent ([`Permanence`]). The same classifier suits a `RetryLayer` *inside* the handler,
 //! so in-process retries stop on the same permanent errors.
 
 use crate::error::{BoxError, JobError};
 use crate::run_once::RunOnceError;
 use std::convert::Infallible;
+use std::time::Duration;
 use tower_once_retry::classify::{Action, Classify};
 use tower_once_retry::RetryError;
 
@@ -37,11 +39,21 @@ use tower_once_retry::RetryError;
 pub trait Permanence {
     /// `true`: dead-letter now; `false`: leave pending for redelivery.
     fn is_permanent(&self) -> bool;
+
+    /// How long to hold back the next delivery of a transient failure
+    /// ([`JobError::redeliver_after`]); `None`: `claim_idle`.
+    fn redelivery_delay(&self) -> Option<Duration> {
+        None
+    }
 }
 
 impl Permanence for JobError {
     fn is_permanent(&self) -> bool {
         JobError::is_permanent(self)
+    }
+
+    fn redelivery_delay(&self) -> Option<Duration> {
+        JobError::redelivery_delay(self)
     }
 }
 
@@ -53,20 +65,29 @@ impl Permanence for Infallible {
 
 impl Permanence for BoxError {
     fn is_permanent(&self) -> bool {
-        let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&**self);
-        // Error chains are short; the bound guards against a cyclic `source()`.
-        for _ in 0..32 {
-            let Some(err) = current else { return false };
-            if let Some(job) = err.downcast_ref::<JobError>() {
-                return job.is_permanent();
-            }
-            if let Some(job) = err.downcast_ref::<RunOnceError<JobError>>() {
-                return job.is_permanent();
-            }
-            current = err.source();
-        }
-        false
+        job_error(self).is_some_and(|(permanent, _)| permanent)
     }
+
+    fn redelivery_delay(&self) -> Option<Duration> {
+        job_error(self).and_then(|(_, delay)| delay)
+    }
+}
+
+/// The first [`JobError`] mark in a boxed error's `source()` chain: its permanence and delay.
+fn job_error(error: &BoxError) -> Option<(bool, Option<Duration>)> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
+    // Error chains are short; the bound guards against a cyclic `source()`.
+    for _ in 0..32 {
+        let err = current?;
+        if let Some(job) = err.downcast_ref::<JobError>() {
+            return Some((job.is_permanent(), job.redelivery_delay()));
+        }
+        if let Some(job) = err.downcast_ref::<RunOnceError<JobError>>() {
+            return Some((job.is_permanent(), job.redelivery_delay()));
+        }
+        current = err.source();
+    }
+    None
 }
 
 impl<E: Permanence> Permanence for RetryError<E> {
@@ -74,12 +95,20 @@ impl<E: Permanence> Permanence for RetryError<E> {
     fn is_permanent(&self) -> bool {
         self.get_inner().is_some_and(Permanence::is_permanent)
     }
+
+    fn redelivery_delay(&self) -> Option<Duration> {
+        self.get_inner().and_then(Permanence::redelivery_delay)
+    }
 }
 
 impl<E: Permanence> Permanence for RunOnceError<E> {
     fn is_permanent(&self) -> bool {
         // Store trouble and a concurrent delivery are transient by nature.
         self.get_inner().is_some_and(Permanence::is_permanent)
+    }
+
+    fn redelivery_delay(&self) -> Option<Duration> {
+        self.get_inner().and_then(Permanence::redelivery_delay)
     }
 }
 
@@ -103,7 +132,9 @@ impl<R, E: Permanence> Classify<R, E> for JobClassifier {
         match outcome {
             Ok(_) => Action::Success,
             Err(e) if e.is_permanent() => Action::Stop,
-            Err(_) => Action::Retry { after: None },
+            Err(e) => Action::Retry {
+                after: e.redelivery_delay(),
+            },
         }
     }
 }
@@ -138,5 +169,25 @@ mod tests {
         assert!(boxed.is_permanent());
         let in_progress: RunOnceError<JobError> = RunOnceError::in_progress();
         assert!(!in_progress.is_permanent());
+    }
+
+    #[test]
+    fn a_redelivery_delay_is_found_through_wrappers_and_becomes_the_retry_after() {
+        let delay = Duration::from_millis(1500);
+        let boxed: BoxError = Box::new(Wrapper(JobError::transient("429").redeliver_after(delay)));
+        assert_eq!(boxed.redelivery_delay(), Some(delay));
+        let retry = RetryError::new(
+            GiveUp::Exhausted,
+            4,
+            JobError::transient("429").redeliver_after(delay),
+        );
+        assert_eq!(retry.redelivery_delay(), Some(delay));
+        let outcome: Result<(), BoxError> = Err(boxed);
+        assert_eq!(
+            JobClassifier.classify(&outcome),
+            Action::Retry { after: Some(delay) }
+        );
+        let plain: BoxError = "timeout".into();
+        assert_eq!(plain.redelivery_delay(), None);
     }
 }

@@ -5,13 +5,14 @@ use crate::config::WorkerConfig;
 use crate::dead_letter::{self, DeadReason, Letter};
 use crate::job::{Job, JobId};
 use crate::metrics::{self, JobOutcome};
-use crate::streams::{self, Entry, REFRESH_SCRIPT};
+use crate::streams::{self, Entry, DELAY_SCRIPT, REFRESH_SCRIPT};
 use bytes::Bytes;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tower_once_retry::classify::{Action, Classify};
 use tower_once_timeout::Deadline;
@@ -29,6 +30,9 @@ pub(crate) struct Ctx<C, Conn> {
     /// Ids of entries whose handler is running; at most `concurrency` of them.
     pub(crate) in_flight: Mutex<HashSet<String>>,
     pub(crate) acks: mpsc::Sender<String>,
+    /// The earliest moment a held-back entry becomes claimable again: the fetcher takes over
+    /// idle entries then instead of waiting for its regular pass.
+    pub(crate) claim_at: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Keeps an entry in the refresher's set while its handler runs.
@@ -114,7 +118,7 @@ where
     if deliveries > 1 {
         metrics::redelivered();
     }
-    let _in_flight = InFlight::enter(&ctx.in_flight, &entry.id);
+    let in_flight = InFlight::enter(&ctx.in_flight, &entry.id);
     let deadline = Deadline::after(ctx.config.job_deadline);
     let payload = Bytes::copy_from_slice(entry.field(b"payload").unwrap_or_default());
     let job = Job::new(entry.id.clone(), job_id, payload, deliveries).with_deadline(deadline);
@@ -136,10 +140,15 @@ where
             }
             JobOutcome::Acked
         }
-        Action::Retry { .. } => {
+        Action::Retry { after } => {
             metrics::failed();
             if let Err(e) = &result {
                 tracing::info!(error = %e, "transient failure; left pending for redelivery");
+            }
+            if let Some(after) = after {
+                // Out of the refresher's set first, or its next tick would undo the delay.
+                drop(in_flight);
+                redeliver_after(ctx, &entry.id, after).await;
             }
             JobOutcome::LeftPending
         }
@@ -151,6 +160,41 @@ where
             };
             dead_letter(ctx, entry, DeadReason::Permanent, deliveries, &error).await
         }
+    }
+}
+
+/// Makes the entry claimable after `after` rather than `claim_idle` (never later than that).
+/// Best effort: if Redis does not answer, the entry waits `claim_idle` as usual.
+async fn redeliver_after<C, Conn>(ctx: &Ctx<C, Conn>, id: &str, after: Duration)
+where
+    Conn: ConnectionLike + Clone + Send,
+{
+    let claim_idle = ctx.config.claim_idle;
+    let idle = claim_idle.saturating_sub(after.min(claim_idle));
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+    let script = Script::new(DELAY_SCRIPT);
+    let mut invocation = script.key(&ctx.config.stream);
+    invocation
+        .arg(&ctx.config.group)
+        .arg(&ctx.config.consumer)
+        .arg(id)
+        .arg(idle_ms);
+    let mut conn = ctx.conn.clone();
+    let sent = tokio::time::timeout(
+        ctx.config.command_timeout,
+        invocation.invoke_async::<i64>(&mut conn),
+    )
+    .await;
+    match sent {
+        Ok(Ok(_)) => {
+            tracing::debug!(?after, "redelivery held back as asked");
+            // A little after the entry's idle time reaches claim_idle.
+            let at = tokio::time::Instant::now() + (claim_idle - idle) + Duration::from_millis(5);
+            let mut soon = ctx.claim_at.lock().unwrap_or_else(PoisonError::into_inner);
+            *soon = Some(soon.map_or(at, |earlier| earlier.min(at)));
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "could not set the redelivery delay"),
+        Err(_) => tracing::debug!("setting the redelivery delay timed out"),
     }
 }
 

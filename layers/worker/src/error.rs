@@ -3,6 +3,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::time::Duration;
 
 /// A boxed error, as tower services commonly return.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -27,6 +28,7 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 #[derive(Debug)]
 pub struct JobError {
     permanent: bool,
+    redeliver_after: Option<Duration>,
     source: BoxError,
 }
 
@@ -35,6 +37,7 @@ impl JobError {
     pub fn transient(source: impl Into<BoxError>) -> Self {
         Self {
             permanent: false,
+            redeliver_after: None,
             source: source.into(),
         }
     }
@@ -43,8 +46,30 @@ impl JobError {
     pub fn permanent(source: impl Into<BoxError>) -> Self {
         Self {
             permanent: true,
+            redeliver_after: None,
             source: source.into(),
         }
+    }
+
+    /// Asks for the next delivery after `delay` instead of after `claim_idle` (an upstream's
+    /// `Retry-After`, say). The worker honours it up to `claim_idle`, the longest a stream
+    /// entry can be held back; it means nothing on a permanent error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_once_worker::JobError;
+    ///
+    /// let err = JobError::transient("429 from the model").redeliver_after(Duration::from_secs(2));
+    /// assert_eq!(err.redelivery_delay(), Some(Duration::from_secs(2)));
+    /// ```
+    pub fn redeliver_after(mut self, delay: Duration) -> Self {
+        self.redeliver_after = Some(delay);
+        self
+    }
+
+    /// The delay asked for with [`redeliver_after`](Self::redeliver_after), if any.
+    pub fn redelivery_delay(&self) -> Option<Duration> {
+        self.redeliver_after
     }
 
     /// Whether the job should be dead-lettered now.

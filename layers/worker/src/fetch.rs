@@ -5,6 +5,7 @@ use crate::error::WorkerError;
 use crate::streams::{self, Entry};
 use redis::aio::ConnectionLike;
 use redis::Value;
+use std::sync::PoisonError;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -74,7 +75,20 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
             self.group_ready = true;
         }
         let count = free.min(c.batch_size);
-        if Instant::now() >= self.next_claim {
+        let now = Instant::now();
+        {
+            // A handler asked for an earlier redelivery: take over then, not at the next pass.
+            let mut soon = ctx.claim_at.lock().unwrap_or_else(PoisonError::into_inner);
+            match *soon {
+                Some(at) if at <= now => {
+                    *soon = None;
+                    self.next_claim = now;
+                }
+                Some(at) if at < self.next_claim => self.next_claim = at,
+                _ => {}
+            }
+        }
+        if now >= self.next_claim {
             let claimed = self.take_over(ctx, &mut conn, count).await?;
             if !claimed.is_empty() {
                 self.succeeded();

@@ -48,6 +48,7 @@
 //! | handler running | `XCLAIM <s> <g> <me> 0 <id> JUSTID` every `claim_idle / 3` for entries still ours (one script call for all) |
 //! | `Ok` (classified `Success`) | `XACK`, batched with other finished jobs |
 //! | `Err` classified `Retry` (default: any error not marked permanent), or the job deadline passes | nothing: stays pending, redelivered after `claim_idle` |
+//! | `Err` classified `Retry { after: Some(d) }` ([`JobError::redeliver_after`]) | `XCLAIM ... IDLE <claim_idle - d> JUSTID` (while still ours): redelivered after about `d`, at most `claim_idle` |
 //! | `Err` classified `Stop` ([`JobError::permanent`]) | `MULTI; XADD <s>:dead ...; XACK; EXEC` (`reason` `permanent`) |
 //! | shutdown | stop reading (a read in progress finishes, within `BLOCK`); in-flight jobs finish within the grace period and are acknowledged; the rest stay pending |
 //! | Redis unreachable | back off (100 ms doubling to 5 s; a warning on the 1st, 2nd, 4th, 8th... failure in a row), reconnect, recreate the group if it was lost |

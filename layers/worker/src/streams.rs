@@ -23,6 +23,17 @@ end
 return kept
 ";
 
+/// Holds a pending entry back: sets its idle time (ARGV[4] ms) so that it becomes claimable
+/// after `claim_idle - idle`, only while it is still this consumer's (ARGV[2]).
+pub(crate) const DELAY_SCRIPT: &str = r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if p[1] and p[1][2] == ARGV[2] then
+  redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[4], 'JUSTID')
+  return 1
+end
+return 0
+";
+
 /// An entry's field/value pairs, in order.
 pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
