@@ -67,7 +67,9 @@ impl fmt::Display for OutboxError {
             Kind::Invalid(why) => write!(f, "invalid outbox message: {why}"),
             Kind::KeyReused => f.write_str("dedupe key already used for another topic or payload"),
             Kind::Config(why) => write!(f, "invalid outbox configuration: {why}"),
-            Kind::Database(_) => f.write_str("outbox database error"),
+            // The cause is the useful part ("schema app does not exist"): said here, not only
+            // through `source()`.
+            Kind::Database(e) => write!(f, "outbox database error: {e}"),
         }
     }
 }

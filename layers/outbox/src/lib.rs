@@ -68,7 +68,37 @@
 //!
 //! [`OutboxMessage::http_request`] builds the `POST` with `Idempotency-Key: <dedupe key>`, so
 //! a provider behind tower-once's `IdempotencyLayer` (or Stripe, or any provider that honours
-//! the header) turns the relay's one double send into one effect.
+//! the header) turns the relay's one double send into one effect. An HTTP sender answers
+//! `Ok(response)` whatever the status, so **classify it with [`HttpClassifier`](classify::HttpClassifier)**
+//! (or your own): with the default, [`RetryOnError`](classify::RetryOnError), a `503` would
+//! count as sent. A row has a topic and a payload, no headers: set the `Content-Type` from the
+//! topic.
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::ServiceExt;
+//! use tower_once_outbox::classify::HttpClassifier;
+//! use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
+//!
+//! # async fn run(outbox: Outbox) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let sender = tower::service_fn(move |message: OutboxMessage| {
+//!     let client = client.clone();
+//!     async move {
+//!         let mut request = message.http_request("http://mailer.internal/v1/send")?.map(Full::new);
+//!         request.headers_mut().insert("content-type", "application/json".parse()?);
+//!         let response = client.oneshot(request).await?;
+//!         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+//!     }
+//! });
+//! let relay = OutboxRelay::new(outbox, RelayConfig::new(), sender)?.classify(HttpClassifier);
+//! relay.run(std::future::pending::<()>()).await;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Feature flags
 //!
@@ -103,3 +133,10 @@ pub use self::relay::{OutboxRelay, PassReport, RelayReport};
 
 /// The `sqlx` this crate is built on, to make pools and transactions of the matching version.
 pub use ::sqlx;
+
+/// How a sender's outcome is classified (`Classify`, `Action`, `HttpClassifier`,
+/// `RetryOnError`): the retry crate's vocabulary, re-exported.
+pub use tower_once_retry::classify;
+
+/// The relay's backoff after a failed attempt (`Backoff`, `Jitter`), from the retry crate.
+pub use tower_once_retry::backoff;

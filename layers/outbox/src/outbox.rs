@@ -31,7 +31,9 @@ impl Outbox {
         }
     }
 
-    /// Uses another table: `name` or `schema.name`, lowercase letters, digits and `_`.
+    /// Uses another table: `name` or `schema.name`, each part lowercase letters, digits and
+    /// `_`, not starting with a digit, at most 48 bytes, and not a word Postgres reserves
+    /// (`user`, `order`, ...). [`migrate`](Self::migrate) creates the table, not the schema.
     ///
     /// Fails, with [`OutboxError::is_config`], on any other name: it is written into SQL.
     pub fn table(mut self, name: &str) -> Result<Self, OutboxError> {
@@ -53,6 +55,13 @@ impl Outbox {
     /// The table's name as written in queries.
     pub fn table_name(&self) -> &str {
         &self.queries.table
+    }
+
+    /// The statements [`migrate`](Self::migrate) runs, for this table's name: for your own
+    /// migrations when the table is not called `outbox` (the shipped
+    /// `migrations/0001_outbox.sql` is this for the default name).
+    pub fn migration_sql(&self) -> &str {
+        &self.queries.migrate
     }
 
     pub(crate) fn queries(&self) -> &Queries {
@@ -83,14 +92,14 @@ impl Outbox {
         tx: &mut Transaction<'_, Postgres>,
         topic: &str,
         dedupe_key: &str,
-        payload: impl Into<Bytes>,
+        payload: impl AsRef<[u8]>,
     ) -> Result<Enqueued, OutboxError> {
-        let payload = payload.into();
-        message::check(topic, dedupe_key, &payload, self.max_payload)?;
+        let payload = payload.as_ref();
+        message::check(topic, dedupe_key, payload, self.max_payload)?;
         let inserted: Option<i64> = sqlx::query_scalar(&self.queries.enqueue)
             .bind(topic)
             .bind(dedupe_key)
-            .bind(payload.as_ref())
+            .bind(payload)
             .fetch_optional(&mut **tx)
             .await?;
         if let Some(id) = inserted {
@@ -99,7 +108,7 @@ impl Outbox {
         let existing: Option<(i64, bool)> = sqlx::query_as(&self.queries.existing)
             .bind(dedupe_key)
             .bind(topic)
-            .bind(payload.as_ref())
+            .bind(payload)
             .fetch_optional(&mut **tx)
             .await?;
         match existing {

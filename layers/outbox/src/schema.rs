@@ -323,7 +323,7 @@ fn render_migration(table: &Table) -> String {
 pub(crate) async fn migrate(pool: &PgPool, queries: &Queries) -> Result<(), OutboxError> {
     // Any fixed number works; this one stays out of the way of the application's own locks.
     let sql = format!(
-        "SELECT pg_advisory_xact_lock(7208364147126150911);\n{}",
+        "SET LOCAL client_min_messages = warning;\nSELECT pg_advisory_xact_lock(7208364147126150911);\n{}",
         queries.migrate
     );
     sqlx::raw_sql(&sql).execute(pool).await?;

@@ -544,3 +544,97 @@ async fn another_table_in_another_schema_and_concurrent_migrations() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_hanging_send_holds_back_only_its_own_row() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    db.enqueue(&outbox, "hang", "{}").await;
+    let sent = Sent::default();
+    let s = sent.clone();
+    // The hanging send may take 24 s (80 % of a 30 s lease) before it is cut.
+    let config = RelayConfig::new()
+        .lease(Duration::from_secs(30))
+        .poll_interval(Duration::from_secs(600))
+        .shutdown_grace(Duration::from_millis(50));
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        config,
+        service_fn(move |m: OutboxMessage| {
+            let s = s.clone();
+            async move {
+                if m.dedupe_key() == "hang" {
+                    std::future::pending::<()>().await;
+                }
+                s.note(&m);
+                Ok::<_, &'static str>(())
+            }
+        }),
+    )
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&outbox, "fast", "{}").await;
+    for _ in 0..100 {
+        if sent.of("fast") == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sent.of("fast"), 1, "sent while the other send still hangs");
+    stop.send(()).unwrap();
+    let report = running.await.unwrap();
+    assert_eq!((report.totals.sent, report.totals.released), (1, 1));
+}
+
+#[tokio::test]
+async fn a_failed_row_is_tried_again_when_due_not_at_the_next_poll() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick().poll_interval(Duration::from_secs(600)),
+        service_fn(move |_m: OutboxMessage| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Err("503")
+                } else {
+                    Ok(())
+                }
+            }
+        }),
+    )
+    .unwrap()
+    .classify(|r: &Result<(), &str>| match r {
+        Ok(()) => Action::Success,
+        Err(_) => Action::Retry {
+            after: Some(Duration::from_millis(300)),
+        },
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&outbox, "k", "{}").await;
+    for _ in 0..100 {
+        if calls.load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "retried when due (poll: 10 min)"
+    );
+    stop.send(()).unwrap();
+    let report = running.await.unwrap();
+    assert_eq!((report.totals.failed, report.totals.sent), (1, 1));
+}

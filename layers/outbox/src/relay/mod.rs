@@ -16,10 +16,11 @@ use tower_service::Service;
 
 /// Sends an [`Outbox`]'s rows through a `tower::Service<OutboxMessage>`.
 ///
-/// Each pass claims up to `batch_size` due rows in one short statement
-/// (`FOR UPDATE SKIP LOCKED`, then a lease written on them), sends them concurrently, and
-/// records each outcome on its own. No row lock is held across a send: a slow provider delays
-/// only its own rows, several relays share the work, and a dead relay's rows come back when
+/// It keeps up to `batch_size` sends in flight: it claims due rows into the free slots in one
+/// short statement (`FOR UPDATE SKIP LOCKED`, then a lease written on them), sends them
+/// concurrently, and records each outcome as it comes. No row lock is held across a send and
+/// no send waits for another: a slow or hanging provider holds only its own slots (at most
+/// `send_timeout` each), several relays share the work, and a dead relay's rows come back when
 /// their lease runs out. See the [crate docs](crate) for the full table.
 ///
 /// The sender's outcome is classified with the retry crate's [`Classify`]: the default,
@@ -84,17 +85,21 @@ where
     C: Classify<S::Response, S::Error> + Send + Sync + 'static,
 {
     /// One pass: claims up to `batch_size` due rows, sends them concurrently and records each
-    /// outcome. Returns when every send has finished. [`run`](Self::run) calls this in a loop;
-    /// tests and cron-style deployments can call it directly.
+    /// outcome. Returns when every send has finished. For tests and cron-style deployments;
+    /// [`run`](Self::run) does not wait for a whole batch: it claims into every slot a
+    /// finished send frees.
     pub async fn pass(&self) -> Result<PassReport, OutboxError> {
-        let mut stopping = false;
-        pass::run(
-            &self.shared,
-            &self.sender,
-            std::pin::pin!(std::future::pending::<()>()),
-            &mut stopping,
-        )
-        .await
+        let mut sends = pass::Sends::new();
+        let mut report = PassReport::default();
+        let batch = self.shared.config.batch_size;
+        sends
+            .claim(&self.shared, &self.sender, batch, &mut report)
+            .await?;
+        while !sends.is_empty() {
+            let done = sends.next_done().await;
+            sends.record(done, &self.shared, &mut report).await;
+        }
+        Ok(report)
     }
 }
 
@@ -124,23 +129,13 @@ pub struct PassReport {
     pub released: u64,
 }
 
-impl PassReport {
-    pub(crate) fn add(&mut self, other: PassReport) {
-        self.claimed += other.claimed;
-        self.sent += other.sent;
-        self.failed += other.failed;
-        self.parked += other.parked;
-        self.released += other.released;
-    }
-}
-
 /// What [`run`](OutboxRelay::run) did before it stopped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayReport {
-    /// Passes run.
+    /// Claims made (each fills the free send slots).
     pub passes: u64,
-    /// Passes that failed (Postgres unreachable), each followed by a backoff.
+    /// Claims that failed (Postgres unreachable), each followed by a backoff.
     pub failed_passes: u64,
-    /// The sum of every pass.
+    /// What happened to the rows, over the whole run.
     pub totals: PassReport,
 }

@@ -1,4 +1,7 @@
-//! One pass: claim a batch under a lease, send it concurrently, release what shutdown cut.
+//! Sends in flight: claim rows under a lease into them, record each outcome as it comes, and
+//! release what shutdown cuts short. [`OutboxRelay::pass`](super::OutboxRelay::pass) claims
+//! once and waits for every send; [`OutboxRelay::run`](super::OutboxRelay::run) keeps claiming
+//! into free slots while slow sends go on, so one slow provider holds back only its own rows.
 
 use super::send::{self, Verdict};
 use super::{PassReport, Shared};
@@ -8,141 +11,171 @@ use crate::metrics::{self, SendOutcome};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use tokio::task::JoinSet;
-use tower_once_core::time::saturating_add;
+use std::time::Duration;
+use tokio::task::{self, JoinSet};
+use tokio::time::Instant;
 use tower_once_retry::classify::Classify;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 type Claimed = (i64, String, String, Vec<u8>, i32, i64);
 
-/// Claims and sends one batch. Once `shutdown` resolves (or if `stopping` is already set by
-/// the caller's loop), sends in flight get `shutdown_grace`; the ones still running after it
-/// are dropped and their rows released for another pass.
-pub(crate) async fn run<S, C, F>(
-    shared: &Arc<Shared<C>>,
-    sender: &S,
-    mut shutdown: Pin<&mut F>,
-    stopping: &mut bool,
-) -> Result<PassReport, OutboxError>
-where
-    S: Service<OutboxMessage> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Response: Send + 'static,
-    S::Error: fmt::Display + Send + 'static,
-    C: Classify<S::Response, S::Error> + Send + Sync + 'static,
-    F: Future,
-{
-    let config = &shared.config;
-    let token = fastrand::i64(..);
-    // Taken before the claim, so that every send of this pass ends before the lease does.
-    let deadline = Deadline::after(config.effective_send_timeout());
-    let lease_ms = i64::try_from(config.lease.as_millis()).unwrap_or(i64::MAX);
-    let rows: Vec<Claimed> = sqlx::query_as(&shared.outbox.queries().claim)
-        .bind(i64::from(config.batch_size))
-        .bind(lease_ms)
-        .bind(token)
-        .fetch_all(shared.outbox.pool())
-        .await?;
-    let mut report = PassReport {
-        claimed: rows.len() as u64,
-        ..PassReport::default()
-    };
-    let mut tasks = JoinSet::new();
-    let mut running = HashMap::with_capacity(rows.len());
-    for (id, topic, dedupe_key, payload, attempts, created_ms) in rows {
-        let attempts = u32::try_from(attempts).unwrap_or(0);
-        if attempts >= config.max_attempts {
-            count(&mut report, send::park_unsent(shared, id, token).await, 1);
-            continue;
-        }
-        let message = OutboxMessage {
-            id,
-            topic,
-            dedupe_key,
-            payload: Bytes::from(payload),
-            attempt: attempts + 1,
-            created_at: time_from_millis(created_ms),
-        };
-        let task_shared = Arc::clone(shared);
-        let sender = sender.clone();
-        let handle =
-            tasks.spawn(async move { send::send(&task_shared, sender, message, deadline).await });
-        running.insert(handle.id(), (id, attempts + 1));
-    }
+/// A finished send task: its verdict, or how it failed (a panic).
+pub(crate) type Joined = Result<(task::Id, Verdict), task::JoinError>;
 
-    let mut grace = None;
-    while !tasks.is_empty() {
-        if *stopping && grace.is_none() {
-            grace = Some(saturating_add(
-                tokio::time::Instant::now(),
-                config.shutdown_grace,
-            ));
-        }
-        tokio::select! {
-            joined = tasks.join_next_with_id() => {
-                let Some(first) = joined else { break };
-                // Everything finished by now is recorded together: one UPDATE for the sent.
-                let mut sent = Vec::new();
-                let mut next = Some(first);
-                while let Some(joined) = next.take() {
-                    let (task, verdict) = match joined {
-                        Ok((task, verdict)) => (task, verdict),
-                        // A panicking sender is a failed attempt, not a dead relay.
-                        Err(err) => (err.id(), Verdict::Retry {
-                            after: None,
-                            error: "the sender panicked".to_owned(),
-                        }),
-                    };
-                    if let Some((id, attempt)) = running.remove(&task) {
-                        match verdict {
-                            Verdict::Sent => sent.push(id),
-                            failure => {
-                                let outcome =
-                                    send::record_failure(shared, id, attempt, token, failure).await;
-                                count(&mut report, outcome, 1);
-                            }
-                        }
-                    }
-                    next = tasks.try_join_next_with_id();
-                }
-                if !sent.is_empty() {
-                    let outcome = send::record_sent(shared, &sent).await;
-                    metrics::record_many(outcome, sent.len() as u64);
-                    count(&mut report, outcome, sent.len() as u64);
-                }
-            }
-            _ = &mut shutdown, if !*stopping => *stopping = true,
-            () = sleep_until(grace), if grace.is_some() => {
-                tasks.abort_all();
-                while tasks.join_next().await.is_some() {}
-                break;
-            }
-        }
-    }
-    if !running.is_empty() {
-        let ids: Vec<i64> = running.values().map(|&(id, _)| id).collect();
-        tracing::warn!(
-            rows = ids.len(),
-            "shutdown cut sends short; their rows are released"
-        );
-        sqlx::query(&shared.outbox.queries().release)
-            .bind(&ids)
-            .bind(token)
-            .execute(shared.outbox.pool())
-            .await?;
-        report.released += ids.len() as u64;
-    }
-    Ok(report)
+/// The sends a relay has in flight, with the row, attempt and lease token of each.
+pub(crate) struct Sends {
+    tasks: JoinSet<Verdict>,
+    running: HashMap<task::Id, (i64, u32, i64)>,
+    /// The earliest moment a row this relay failed becomes due again.
+    pub(crate) soonest_retry: Option<Instant>,
 }
 
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+impl Sends {
+    pub(crate) fn new() -> Self {
+        Self {
+            tasks: JoinSet::new(),
+            running: HashMap::new(),
+            soonest_retry: None,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Claims up to `limit` due rows under a fresh lease and starts sending them. Returns how
+    /// many rows were claimed.
+    pub(crate) async fn claim<S, C>(
+        &mut self,
+        shared: &Arc<Shared<C>>,
+        sender: &S,
+        limit: u32,
+        report: &mut PassReport,
+    ) -> Result<u64, OutboxError>
+    where
+        S: Service<OutboxMessage> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Response: Send + 'static,
+        S::Error: fmt::Display + Send + 'static,
+        C: Classify<S::Response, S::Error> + Send + Sync + 'static,
+    {
+        let config = &shared.config;
+        let token = fastrand::i64(..);
+        // NOTE: taken before the claim, so every send of this claim ends before the lease does.
+        let deadline = Deadline::after(config.effective_send_timeout());
+        let lease_ms = i64::try_from(config.lease.as_millis()).unwrap_or(i64::MAX);
+        let rows: Vec<Claimed> = sqlx::query_as(&shared.outbox.queries().claim)
+            .bind(i64::from(limit))
+            .bind(lease_ms)
+            .bind(token)
+            .fetch_all(shared.outbox.pool())
+            .await?;
+        let claimed = rows.len() as u64;
+        report.claimed += claimed;
+        for (id, topic, dedupe_key, payload, attempts, created_ms) in rows {
+            let attempts = u32::try_from(attempts).unwrap_or(0);
+            if attempts >= config.max_attempts {
+                count(report, send::park_unsent(shared, id, token).await, 1);
+                continue;
+            }
+            let message = OutboxMessage {
+                id,
+                topic,
+                dedupe_key,
+                payload: Bytes::from(payload),
+                attempt: attempts + 1,
+                created_at: time_from_millis(created_ms),
+            };
+            let task_shared = Arc::clone(shared);
+            let sender = sender.clone();
+            let handle = self
+                .tasks
+                .spawn(async move { send::send(&task_shared, sender, message, deadline).await });
+            self.running.insert(handle.id(), (id, attempts + 1, token));
+        }
+        Ok(claimed)
+    }
+
+    /// The next send to finish. Cancel-safe (nothing is lost if another branch of a `select!`
+    /// wins); pending forever when nothing is in flight.
+    pub(crate) async fn next_done(&mut self) -> Joined {
+        match self.tasks.join_next_with_id().await {
+            Some(joined) => joined,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Records `first` and every other send finished by now (the sent ones in one statement).
+    /// Not cancel-safe: await it to the end, outside any `select!`.
+    pub(crate) async fn record<C>(
+        &mut self,
+        first: Joined,
+        shared: &Shared<C>,
+        report: &mut PassReport,
+    ) {
+        let mut sent = Vec::new();
+        let mut next = Some(first);
+        while let Some(joined) = next.take() {
+            let (task, verdict) = match joined {
+                Ok((task, verdict)) => (task, verdict),
+                // A panicking sender is a failed attempt, not a dead relay.
+                Err(err) => (
+                    err.id(),
+                    Verdict::Retry {
+                        after: None,
+                        error: "the sender panicked".to_owned(),
+                    },
+                ),
+            };
+            if let Some((id, attempt, token)) = self.running.remove(&task) {
+                match verdict {
+                    Verdict::Sent => sent.push(id),
+                    failure => {
+                        let (outcome, wait) =
+                            send::record_failure(shared, id, attempt, token, failure).await;
+                        if let Some(wait) = wait {
+                            let due = Instant::now() + wait.min(Duration::from_secs(3600));
+                            self.soonest_retry =
+                                Some(self.soonest_retry.map_or(due, |s| s.min(due)));
+                        }
+                        count(report, outcome, 1);
+                    }
+                }
+            }
+            next = self.tasks.try_join_next_with_id();
+        }
+        if !sent.is_empty() {
+            let outcome = send::record_sent(shared, &sent).await;
+            metrics::record_many(outcome, sent.len() as u64);
+            count(report, outcome, sent.len() as u64);
+        }
+    }
+
+    /// Stops every send still running and gives its row back at once (uncounted).
+    pub(crate) async fn release_all<C>(&mut self, shared: &Shared<C>, report: &mut PassReport) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        if self.running.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            rows = self.running.len(),
+            "shutdown cut sends short; their rows are released"
+        );
+        let mut by_token: HashMap<i64, Vec<i64>> = HashMap::new();
+        for (_, (id, _, token)) in self.running.drain() {
+            by_token.entry(token).or_default().push(id);
+        }
+        for (token, ids) in by_token {
+            send::release(shared, &ids, token).await;
+            report.released += ids.len() as u64;
+        }
     }
 }
 

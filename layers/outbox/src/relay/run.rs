@@ -1,13 +1,15 @@
 //! The relay's loop: a pass whenever rows may be due (a `NOTIFY` on insert, or the poll
 //! interval), backoff while Postgres is away, sent rows purged now and then.
 
-use super::{pass, OutboxRelay, RelayReport};
+use super::pass::Sends;
+use super::{OutboxRelay, RelayReport};
 use crate::message::OutboxMessage;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::time::saturating_add;
 use tower_once_retry::classify::Classify;
 use tower_service::Service;
 
@@ -27,43 +29,62 @@ where
     /// `shutdown_grace` and releases the rest. Never fails: while Postgres is unreachable it
     /// backs off (100 ms doubling to 5 s) and logs.
     ///
-    /// It wakes on the table's `NOTIFY` (sent by the insert trigger when a transaction that
-    /// enqueued commits), at least every `poll_interval` (rows backing off become due, a
-    /// notification can be missed while reconnecting), and at once while passes come back full.
+    /// Up to `batch_size` sends are in flight; whenever one finishes while more rows were due,
+    /// its slot is filled. Otherwise it claims when the table's `NOTIFY` comes (sent by the
+    /// insert trigger when a transaction that enqueued commits), when a row it failed is due
+    /// again, and at least every `poll_interval` (rows other relays failed, a notification
+    /// missed while reconnecting).
     pub async fn run<F: Future>(self, shutdown: F) -> RelayReport {
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut stopping = false;
+        let shared = &self.shared;
+        let config = &shared.config;
+        let batch = config.batch_size as usize;
         let mut report = RelayReport::default();
         let mut listener: Option<PgListener> = None;
+        let mut sends = Sends::new();
         let mut failures = 0u32;
+        let mut claim = true;
+        let mut backlog = false;
+        let mut retry_at: Option<Instant> = None;
+        let mut next_poll = Instant::now();
         let mut next_purge = Instant::now();
-        let config = &self.shared.config;
-        tracing::info!(
-            table = self.shared.outbox.table_name(),
-            "outbox relay started"
-        );
-        while !stopping {
+        tracing::info!(table = shared.outbox.table_name(), "outbox relay started");
+        loop {
             if listener.is_none() {
                 listener = self.listen().await;
             }
-            report.passes += 1;
-            let mut wait = config.poll_interval;
-            match pass::run(&self.shared, &self.sender, shutdown.as_mut(), &mut stopping).await {
-                Ok(done) => {
-                    failures = 0;
-                    report.totals.add(done);
-                    if done.claimed == u64::from(config.batch_size) {
-                        wait = Duration::ZERO;
+            let now = Instant::now();
+            let free = batch.saturating_sub(sends.len());
+            if claim && free > 0 && retry_at.is_none_or(|at| at <= now) {
+                claim = false;
+                report.passes += 1;
+                next_poll = now + config.poll_interval;
+                let limit = u32::try_from(free).unwrap_or(u32::MAX);
+                match sends
+                    .claim(shared, &self.sender, limit, &mut report.totals)
+                    .await
+                {
+                    Ok(claimed) => {
+                        failures = 0;
+                        retry_at = None;
+                        // As many as asked: more rows are likely due.
+                        backlog = claimed == u64::from(limit);
+                        if backlog && sends.len() < batch {
+                            claim = true;
+                            continue;
+                        }
                     }
-                }
-                Err(e) => {
-                    failures = failures.saturating_add(1);
-                    report.failed_passes += 1;
-                    wait = Duration::from_millis(100)
-                        .saturating_mul(1 << failures.min(6))
-                        .min(Duration::from_secs(5));
-                    if failures.is_power_of_two() {
-                        tracing::warn!(error = %e, failures, "outbox pass failed; backing off");
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        report.failed_passes += 1;
+                        let wait = Duration::from_millis(100)
+                            .saturating_mul(1 << failures.min(6))
+                            .min(Duration::from_secs(5));
+                        retry_at = Some(now + wait);
+                        claim = true;
+                        if failures.is_power_of_two() {
+                            tracing::warn!(error = %e, failures, "outbox claim failed; backing off");
+                        }
                     }
                 }
             }
@@ -71,19 +92,42 @@ where
                 next_purge = Instant::now() + PURGE_EVERY;
                 self.purge().await;
             }
-            if stopping || wait.is_zero() {
-                continue;
+            let mut wake = next_poll;
+            if let Some(at) = sends.soonest_retry {
+                wake = wake.min(at);
+            }
+            if let Some(at) = retry_at.filter(|_| claim) {
+                wake = wake.min(at);
             }
             tokio::select! {
-                _ = &mut shutdown => stopping = true,
-                () = tokio::time::sleep(wait) => {}
+                _ = &mut shutdown => break,
+                done = sends.next_done() => {
+                    sends.record(done, shared, &mut report.totals).await;
+                    claim |= backlog;
+                }
                 woke = recv(&mut listener) => {
                     if !woke {
                         listener = None;
                     }
+                    claim = true;
+                }
+                () = tokio::time::sleep_until(wake) => {
+                    claim = true;
+                    if sends.soonest_retry.is_some_and(|at| at <= Instant::now()) {
+                        sends.soonest_retry = None;
+                    }
                 }
             }
         }
+        // Shutdown: no new claims; sends in flight get the grace period, then are released.
+        let grace = saturating_add(Instant::now(), config.shutdown_grace);
+        while !sends.is_empty() {
+            tokio::select! {
+                done = sends.next_done() => sends.record(done, shared, &mut report.totals).await,
+                () = tokio::time::sleep_until(grace) => break,
+            }
+        }
+        sends.release_all(shared, &mut report.totals).await;
         tracing::info!(?report, "outbox relay stopped");
         report
     }

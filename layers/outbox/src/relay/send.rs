@@ -125,17 +125,17 @@ pub(crate) async fn record_sent<C>(shared: &Shared<C>, ids: &[i64]) -> SendOutco
 }
 
 /// Records a failed attempt on its row: backoff (or the provider's delay), or parked. Fenced
-/// by the lease token.
+/// by the lease token. Returns the outcome and, for a row that will be retried, its wait.
 pub(crate) async fn record_failure<C>(
     shared: &Shared<C>,
     id: i64,
     attempt: u32,
     token: i64,
     verdict: Verdict,
-) -> SendOutcome {
-    let outcome = match verdict {
-        Verdict::Sent => return record_sent(shared, &[id]).await,
-        Verdict::Unsent => release(shared, &[id], token).await,
+) -> (SendOutcome, Option<Duration>) {
+    let (outcome, wait) = match verdict {
+        Verdict::Sent => return (record_sent(shared, &[id]).await, None),
+        Verdict::Unsent => (release(shared, &[id], token).await, Some(Duration::ZERO)),
         Verdict::Retry { after, error } => {
             let delay = after.map_or_else(
                 || {
@@ -146,16 +146,23 @@ pub(crate) async fn record_failure<C>(
                 },
                 |after| after.min(MAX_PROVIDER_DELAY),
             );
-            tracing::debug!(id, attempt, error = %error, ?delay, "send failed");
-            failed(shared, id, token, Some(&error), delay, false, 1).await
+            tracing::info!(id, attempt, error = %error, ?delay, "send failed; retried after a wait");
+            let outcome = failed(shared, id, token, Some(&error), delay, false, 1).await;
+            (outcome, Some(delay))
         }
         Verdict::Park { error } => {
             tracing::warn!(id, attempt, error = %error, "send failed for good; parked");
-            failed(shared, id, token, Some(&error), Duration::ZERO, true, 1).await
+            (
+                failed(shared, id, token, Some(&error), Duration::ZERO, true, 1).await,
+                None,
+            )
         }
     };
     metrics::record(outcome);
-    outcome
+    (
+        outcome,
+        wait.filter(|_| outcome == SendOutcome::Failed || outcome == SendOutcome::Released),
+    )
 }
 
 /// Gives rows back at once, uncounted (fenced: only while still ours).
