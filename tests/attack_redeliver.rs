@@ -1,0 +1,510 @@
+//! Attacks on the worker's redelivery delay (`JobError::redeliver_after`, commit bd55127).
+//!
+//! Tests named `break_*` fail: each shows a promise of the feature that does not hold (README
+//! worker section, `tower_once_worker` docs: "redelivered after about `d` (at most
+//! `claim_idle`)", "never earlier than `d`"). Tests named `holds_*` pass: attacks that the
+//! feature withstood. Every wait is bounded; each test runs in a few seconds.
+#![cfg(feature = "worker")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::RedisServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::Layer;
+use tower_once::idempotency::store::MemoryStore;
+use tower_once::worker::dead_letter::DeadLetters;
+use tower_once::worker::redis::aio::{ConnectionLike, ConnectionManager};
+use tower_once::worker::redis::{self, Value};
+use tower_once::worker::{Job, JobError, RunOnceLayer, RunReport, Worker, WorkerConfig};
+
+const LIMIT: Duration = Duration::from_secs(8);
+
+/// One handler call: the delivery count it saw, when it started and when it returned.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    deliveries: u64,
+    started: Instant,
+    ended: Option<Instant>,
+}
+
+/// Calls per job id.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<HashMap<String, Vec<Call>>>>);
+
+impl Log {
+    fn start(&self, job: &Job) -> usize {
+        let mut map = self.0.lock().unwrap();
+        let calls = map.entry(job.job_id().to_string()).or_default();
+        calls.push(Call {
+            deliveries: job.deliveries(),
+            started: Instant::now(),
+            ended: None,
+        });
+        calls.len() - 1
+    }
+    fn end(&self, id: &str, n: usize) {
+        self.0.lock().unwrap().get_mut(id).unwrap()[n].ended = Some(Instant::now());
+    }
+    fn calls(&self, id: &str) -> Vec<Call> {
+        self.0.lock().unwrap().get(id).cloned().unwrap_or_default()
+    }
+    fn count(&self, id: &str) -> usize {
+        self.calls(id).len()
+    }
+    fn deliveries(&self, id: &str) -> Vec<u64> {
+        self.calls(id).iter().map(|c| c.deliveries).collect()
+    }
+    /// From the end of call `n` of `id` to the start of call `n + 1`.
+    fn gap(&self, id: &str, n: usize) -> Duration {
+        let calls = self.calls(id);
+        calls[n + 1].started - calls[n].ended.unwrap()
+    }
+}
+
+/// A handler that logs each call, sleeps, then returns what `behave(job)` says.
+fn handler(
+    log: &Log,
+    behave: impl Fn(&Job) -> (Duration, Result<(), JobError>) + Clone + Send + Sync + 'static,
+) -> impl tower::Service<Job, Response = (), Error = JobError, Future = impl Send> + Clone + Send + 'static
+{
+    let log = log.clone();
+    tower::service_fn(move |job: Job| {
+        let n = log.start(&job);
+        let id = job.job_id().to_string();
+        let (sleep, outcome) = behave(&job);
+        let log = log.clone();
+        async move {
+            tokio::time::sleep(sleep).await;
+            log.end(&id, n);
+            outcome
+        }
+    })
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn config(stream: &str, consumer: &str, claim_idle: Duration) -> WorkerConfig {
+    WorkerConfig::new(stream, "workers")
+        .consumer(consumer)
+        .claim_idle(claim_idle)
+        .shutdown_grace(Duration::from_secs(3))
+}
+
+async fn manager(url: &str) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn xadd<C: ConnectionLike + Send>(conn: &mut C, stream: &str, job_id: &str) -> String {
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("job_id")
+        .arg(job_id)
+        .arg("payload")
+        .arg("{}")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Entries pending in group `workers` (0 before the group exists).
+async fn pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> u64 {
+    let reply: Value = match redis::cmd("XPENDING")
+        .arg(stream)
+        .arg("workers")
+        .query_async(conn)
+        .await
+    {
+        Ok(reply) => reply,
+        Err(e) if e.code() == Some("NOGROUP") => return 0,
+        Err(e) => panic!("XPENDING: {e}"),
+    };
+    match reply {
+        Value::Array(parts) => match parts.first() {
+            Some(Value::Int(n)) => *n as u64,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// The owner and idle time (ms) of the first pending entry.
+async fn first_pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> (String, i64) {
+    let reply: Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg("workers")
+        .arg("-")
+        .arg("+")
+        .arg(1)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let Value::Array(rows) = reply else {
+        panic!("XPENDING: {reply:?}")
+    };
+    let Some(Value::Array(row)) = rows.first() else {
+        panic!("nothing pending")
+    };
+    let owner = match &row[1] {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("owner {other:?}"),
+    };
+    let Value::Int(idle) = row[2] else {
+        panic!("idle {:?}", row[2])
+    };
+    (owner, idle)
+}
+
+async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < LIMIT, "timed out waiting for: {what}");
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// A running worker and the switch that stops it gracefully.
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<RunReport>,
+}
+
+impl Running {
+    fn spawn<W>(run: impl FnOnce(oneshot::Receiver<()>) -> W) -> Self
+    where
+        W: Future<Output = RunReport> + Send + 'static,
+    {
+        let (stop, rx) = oneshot::channel();
+        Self {
+            stop: Some(stop),
+            task: tokio::spawn(run(rx)),
+        }
+    }
+
+    async fn stop(mut self) -> RunReport {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(LIMIT, &mut self.task)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
+macro_rules! start {
+    ($worker:expr) => {{
+        let worker = $worker;
+        Running::spawn(move |rx| {
+            worker.run(async move {
+                let _ = rx.await;
+            })
+        })
+    }};
+}
+
+fn transient(delay: Duration) -> Result<(), JobError> {
+    Err(JobError::transient("429 from upstream").redeliver_after(delay))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Breaks
+// ---------------------------------------------------------------------------------------------
+
+/// With the default `block` (2 s) and `claim_idle` (30 s), a 100 ms delay comes back after
+/// about 2 s: the fetcher is parked in `XREADGROUP ... BLOCK` when the handler sets `claim_at`,
+/// and only looks at it when the read returns. The feature's own test hides this by setting
+/// `block(100 ms)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_a_short_delay_waits_out_the_blocking_read() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    // The first call takes 100 ms, so the fetcher is already blocked in its next read.
+    let svc = handler(&log, |job| match job.deliveries() {
+        1 => (ms(100), transient(ms(100))),
+        _ => (Duration::ZERO, Ok(())),
+    });
+    xadd(&mut conn, "jobs", "retry-after-100ms").await;
+    // Defaults: claim_idle 30 s, block 2 s.
+    let worker = start!(Worker::connect(
+        &server.url(),
+        WorkerConfig::new("jobs", "workers").consumer("w1"),
+        svc
+    )
+    .unwrap());
+    eventually("the second delivery", || async {
+        log.count("retry-after-100ms") == 2
+    })
+    .await;
+    let gap = log.gap("retry-after-100ms", 0);
+    worker.stop().await;
+    assert!(
+        gap < ms(600),
+        "asked for 100 ms, redelivered after {gap:?} (waited for the 2 s BLOCK to end)"
+    );
+}
+
+/// Two entries ask at once: A for 1.6 s, then B for 100 ms. `claim_at` keeps only the earliest
+/// moment, and the early pass for B pushes the regular pass to `claim_idle / 2` later, so A
+/// (claimable at 1.6 s) waits for the pass after: about 2.25 s, more than `claim_idle` (2 s),
+/// the documented upper bound ("redelivered after about d, at most claim_idle").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_a_later_delay_is_lost_behind_an_earlier_one_and_exceeds_claim_idle() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = handler(&log, |job| {
+        match (job.job_id().as_str(), job.deliveries()) {
+            ("a", 1) => (Duration::ZERO, transient(ms(1600))),
+            ("b", 1) => (ms(150), transient(ms(100))),
+            _ => (Duration::ZERO, Ok(())),
+        }
+    });
+    xadd(&mut conn, "jobs", "a").await;
+    xadd(&mut conn, "jobs", "b").await;
+    let claim_idle = Duration::from_secs(2);
+    let worker = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w1", claim_idle).block(ms(50)),
+        svc
+    )
+    .unwrap());
+    eventually("b redelivered", || async { log.count("b") == 2 }).await;
+    let b = log.gap("b", 0);
+    eventually("a redelivered", || async { log.count("a") == 2 }).await;
+    let a = log.gap("a", 0);
+    worker.stop().await;
+    assert!(b < ms(400), "b asked for 100 ms, got {b:?}");
+    assert!(
+        a <= claim_idle,
+        "a asked for 1.6 s (claim_idle 2 s), redelivered after {a:?}"
+    );
+}
+
+/// Two consumers of one group with different `claim_idle` (a rolling deploy changing it):
+/// W1 (claim_idle 3 s) is asked to hold an entry back 1.2 s and sets its idle time to 1.8 s;
+/// W2 (claim_idle 1.5 s, still longer than W1's refresh interval, so it steals nothing running)
+/// sees it as claimable at once and runs it about 0.5 s after the failure: earlier than the
+/// 1.2 s asked for and earlier than W2 would have without any delay (1.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_a_consumer_with_a_shorter_claim_idle_redelivers_before_the_delay() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let first = handler(&log, |job| match job.deliveries() {
+        1 => (ms(300), transient(ms(1200))),
+        _ => (Duration::ZERO, Ok(())),
+    });
+    let second = handler(&log, |_| (Duration::ZERO, Ok(())));
+    let w1 = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w1", Duration::from_secs(3)).block(ms(50)),
+        first
+    )
+    .unwrap());
+    // Let W1 create the group and block on it, so it is the one that reads the entry.
+    tokio::time::sleep(ms(200)).await;
+    xadd(&mut conn, "jobs", "job").await;
+    eventually("w1 has it", || async { log.count("job") == 1 }).await;
+    let w2 = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w2", ms(1500)).block(ms(50)),
+        second
+    )
+    .unwrap());
+    eventually("the second delivery", || async { log.count("job") == 2 }).await;
+    let gap = log.gap("job", 0);
+    w1.stop().await;
+    w2.stop().await;
+    assert!(
+        gap >= ms(1150),
+        "asked for 1.2 s, redelivered (by w2) after {gap:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// What held up
+// ---------------------------------------------------------------------------------------------
+
+/// `d = 0` on every delivery: redelivered at once each time, but delivery counts still grow
+/// (XCLAIM JUSTID does not count) and `max_deliveries` dead-letters it; no busy loop beyond
+/// one delivery per read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_zero_delay_still_dead_letters_at_max_deliveries() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = handler(&log, |_| (Duration::ZERO, transient(Duration::ZERO)));
+    xadd(&mut conn, "jobs", "zero").await;
+    let worker = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w1", Duration::from_secs(30))
+            .block(ms(50))
+            .max_deliveries(4),
+        svc
+    )
+    .unwrap());
+    let dead = DeadLetters::new(conn.clone(), "jobs");
+    eventually("the dead letter", || async {
+        dead.count().await.unwrap() == 1
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(log.deliveries("zero"), [1, 2, 3, 4]);
+    let letter = &dead.list("-", 10).await.unwrap()[0];
+    assert_eq!(
+        (letter.reason.as_str(), letter.deliveries),
+        ("max_deliveries", 5)
+    );
+    assert_eq!(pending(&mut conn, "jobs").await, 0);
+}
+
+/// `d = Duration::MAX`: cut to `claim_idle` (idle reset to 0), no panic, redelivered after
+/// `claim_idle` (plus at most one regular pass), not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_max_delay_is_cut_to_claim_idle() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = handler(&log, |job| match job.deliveries() {
+        1 => (Duration::ZERO, transient(Duration::MAX)),
+        _ => (Duration::ZERO, Ok(())),
+    });
+    xadd(&mut conn, "jobs", "max").await;
+    let claim_idle = Duration::from_secs(1);
+    let worker = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w1", claim_idle).block(ms(50)),
+        svc
+    )
+    .unwrap());
+    eventually("the second delivery", || async { log.count("max") == 2 }).await;
+    let report = worker.stop().await;
+    let gap = log.gap("max", 0);
+    assert!(gap >= claim_idle, "redelivered early: {gap:?}");
+    assert!(gap < claim_idle * 2, "redelivered late: {gap:?}");
+    assert_eq!(log.deliveries("max"), [1, 2]);
+    assert_eq!((report.acked, report.left_pending), (1, 1));
+}
+
+/// The entry was taken over by another consumer while its handler ran here: the delay script
+/// leaves it alone (owner and idle time unchanged) and this worker does not run it early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_another_consumers_entry_is_not_touched() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let thief = conn.clone();
+    let svc = tower::service_fn(move |job: Job| {
+        let n = log.start(&job);
+        let mut thief = thief.clone();
+        let log = log.clone();
+        async move {
+            let _: Value = redis::cmd("XCLAIM")
+                .arg("jobs")
+                .arg("workers")
+                .arg("thief")
+                .arg(0)
+                .arg(job.stream_id())
+                .arg("JUSTID")
+                .query_async(&mut thief)
+                .await
+                .unwrap();
+            log.end(job.job_id().as_str(), n);
+            transient(Duration::ZERO)
+        }
+    });
+    xadd(&mut conn, "jobs", "stolen").await;
+    let claim_idle = Duration::from_secs(3);
+    let worker = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w1", claim_idle).block(ms(50)),
+        svc
+    )
+    .unwrap());
+    let c = conn.clone();
+    eventually("pending at the thief", || {
+        let mut c = c.clone();
+        async move { pending(&mut c, "jobs").await == 1 }
+    })
+    .await;
+    tokio::time::sleep(ms(1000)).await;
+    let (owner, idle) = first_pending(&mut conn, "jobs").await;
+    worker.stop().await;
+    assert_eq!(owner, "thief");
+    assert!(idle >= 900 && idle < 3000, "idle {idle} ms");
+}
+
+/// Run-once: the failed delivery releases its claim before the delay is set, so the early
+/// redelivery runs the handler (not "in progress") and its delay is found through
+/// `RunOnceError`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_run_once_early_redelivery_runs_the_handler() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let inner = handler(&log, |job| match job.deliveries() {
+        1 => (ms(50), transient(ms(200))),
+        _ => (Duration::ZERO, Ok(())),
+    });
+    let svc = RunOnceLayer::new(MemoryStore::new()).layer(inner);
+    xadd(&mut conn, "jobs", "once").await;
+    let worker = start!(Worker::connect(
+        &server.url(),
+        config("jobs", "w1", Duration::from_secs(30)).block(ms(50)),
+        svc
+    )
+    .unwrap());
+    eventually("acked", || async {
+        log.count("once") == 2 && pending(&mut conn.clone(), "jobs").await == 0
+    })
+    .await;
+    let report = worker.stop().await;
+    let gap = log.gap("once", 0);
+    assert!(gap >= ms(200) && gap < ms(600), "{gap:?}");
+    assert_eq!(log.deliveries("once"), [1, 2]);
+    assert_eq!(report.acked, 1);
+}
+
+/// The worker stops right after holding an entry back: the delay is in Redis, so the next
+/// worker (same claim_idle) takes it over no earlier than asked and before claim_idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_shutdown_after_a_delay_next_worker_respects_it() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = handler(&log, |job| match job.deliveries() {
+        1 => (Duration::ZERO, transient(ms(700))),
+        _ => (Duration::ZERO, Ok(())),
+    });
+    xadd(&mut conn, "jobs", "handover").await;
+    let claim_idle = Duration::from_secs(3);
+    let cfg = |name| config("jobs", name, claim_idle).block(ms(50));
+    let w1 = start!(Worker::connect(&server.url(), cfg("w1"), svc.clone()).unwrap());
+    eventually("the failure", || async {
+        log.calls("handover")
+            .first()
+            .is_some_and(|c| c.ended.is_some())
+    })
+    .await;
+    let report = w1.stop().await;
+    assert_eq!(report.left_pending, 1);
+    let w2 = start!(Worker::connect(&server.url(), cfg("w2"), svc).unwrap());
+    eventually("the second delivery", || async {
+        log.count("handover") == 2
+    })
+    .await;
+    w2.stop().await;
+    let gap = log.gap("handover", 0);
+    assert!(gap >= ms(700) && gap < claim_idle, "{gap:?}");
+    assert_eq!(log.deliveries("handover"), [1, 2]);
+}
