@@ -9,7 +9,8 @@ use crate::streams::{self, Entry, DELAY_SCRIPT, REFRESH_SCRIPT};
 use bytes::Bytes;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -30,9 +31,10 @@ pub(crate) struct Ctx<C, Conn> {
     /// Ids of entries whose handler is running; at most `concurrency` of them.
     pub(crate) in_flight: Mutex<HashSet<String>>,
     pub(crate) acks: mpsc::Sender<String>,
-    /// The earliest moment a held-back entry becomes claimable again: the fetcher takes over
-    /// idle entries then instead of waiting for its regular pass.
-    pub(crate) claim_at: Mutex<Option<tokio::time::Instant>>,
+    /// When held-back entries become claimable again (earliest first, at most
+    /// [`MAX_CLAIM_TIMES`]): the fetcher takes over idle entries then instead of waiting for
+    /// its regular pass.
+    pub(crate) claim_at: Mutex<BinaryHeap<Reverse<tokio::time::Instant>>>,
 }
 
 /// Keeps an entry in the refresher's set while its handler runs.
@@ -163,6 +165,9 @@ where
     }
 }
 
+/// How many early take-over times the fetcher remembers.
+pub(crate) const MAX_CLAIM_TIMES: usize = 1024;
+
 /// Makes the entry claimable after `after` rather than `claim_idle` (never later than that).
 /// Best effort: if Redis does not answer, the entry waits `claim_idle` as usual.
 async fn redeliver_after<C, Conn>(ctx: &Ctx<C, Conn>, id: &str, after: Duration)
@@ -190,8 +195,11 @@ where
             tracing::debug!(?after, "redelivery held back as asked");
             // A little after the entry's idle time reaches claim_idle.
             let at = tokio::time::Instant::now() + (claim_idle - idle) + Duration::from_millis(5);
-            let mut soon = ctx.claim_at.lock().unwrap_or_else(PoisonError::into_inner);
-            *soon = Some(soon.map_or(at, |earlier| earlier.min(at)));
+            let mut times = ctx.claim_at.lock().unwrap_or_else(PoisonError::into_inner);
+            // Bounded: past this many, the regular pass (claim_idle / 2) picks them up.
+            if times.len() < MAX_CLAIM_TIMES {
+                times.push(Reverse(at));
+            }
         }
         Ok(Err(e)) => tracing::debug!(error = %e, "could not set the redelivery delay"),
         Err(_) => tracing::debug!("setting the redelivery delay timed out"),

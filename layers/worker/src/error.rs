@@ -53,7 +53,9 @@ impl JobError {
 
     /// Asks for the next delivery after `delay` instead of after `claim_idle` (an upstream's
     /// `Retry-After`, say). The worker honours it up to `claim_idle`, the longest a stream
-    /// entry can be held back; it means nothing on a permanent error.
+    /// entry can be held back; it means nothing on a permanent error. A delay shorter than
+    /// the worker's `block` may wait for the read in progress, and every consumer of the group
+    /// must use the same `claim_idle` (a shorter one sees the entry as claimable sooner).
     ///
     /// ```
     /// use std::time::Duration;

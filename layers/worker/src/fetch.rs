@@ -5,6 +5,7 @@ use crate::error::WorkerError;
 use crate::streams::{self, Entry};
 use redis::aio::ConnectionLike;
 use redis::Value;
+use std::cmp::Reverse;
 use std::sync::PoisonError;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -76,17 +77,17 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
         }
         let count = free.min(c.batch_size);
         let now = Instant::now();
-        {
-            // A handler asked for an earlier redelivery: take over then, not at the next pass.
-            let mut soon = ctx.claim_at.lock().unwrap_or_else(PoisonError::into_inner);
-            match *soon {
-                Some(at) if at <= now => {
-                    *soon = None;
-                    self.next_claim = now;
-                }
-                Some(at) if at < self.next_claim => self.next_claim = at,
-                _ => {}
+        let next_early = {
+            // Handlers asked for earlier redeliveries: take over then, not at the next pass.
+            let mut times = ctx.claim_at.lock().unwrap_or_else(PoisonError::into_inner);
+            while times.peek().is_some_and(|Reverse(at)| *at <= now) {
+                times.pop();
+                self.next_claim = now;
             }
+            times.peek().map(|Reverse(at)| *at)
+        };
+        if let Some(at) = next_early {
+            self.next_claim = self.next_claim.min(at);
         }
         if now >= self.next_claim {
             let claimed = self.take_over(ctx, &mut conn, count).await?;
@@ -95,13 +96,15 @@ impl<Conn: ConnectionLike + Clone + Send> Fetch<Conn> {
                 return Ok(claimed);
             }
         }
-        let read = streams::read_cmd(&c.stream, &c.group, &c.consumer, count, c.effective_block());
-        let reply: Value = streams::query(
-            &mut self.reader,
-            &read,
-            c.effective_block() + c.command_timeout,
-        )
-        .await?;
+        // A read must not outlast the next early take-over it knows of.
+        let block = next_early.map_or(c.effective_block(), |at| {
+            c.effective_block()
+                .min(at.saturating_duration_since(now))
+                .max(Duration::from_millis(1))
+        });
+        let read = streams::read_cmd(&c.stream, &c.group, &c.consumer, count, block);
+        let reply: Value =
+            streams::query(&mut self.reader, &read, block + c.command_timeout).await?;
         self.succeeded();
         // `>` hands out entries never delivered before: their delivery count is 1.
         Ok(streams::parse_read(reply)?

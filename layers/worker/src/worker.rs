@@ -168,7 +168,7 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             conn: self.conn,
             in_flight: Mutex::new(HashSet::with_capacity(concurrency)),
             acks,
-            claim_at: Mutex::new(None),
+            claim_at: Mutex::new(std::collections::BinaryHeap::new()),
         });
         // Both helpers end with this future, even when it is dropped rather than finished.
         let mut refresher = AbortOnDrop(tokio::spawn(consume::refresh_loop(ctx.clone())));
