@@ -445,7 +445,7 @@ async fn holds_another_consumers_entry_is_not_touched() {
     let (owner, idle) = first_pending(&mut conn, "jobs").await;
     worker.stop().await;
     assert_eq!(owner, "thief");
-    assert!(idle >= 900 && idle < 3000, "idle {idle} ms");
+    assert!((900..3000).contains(&idle), "idle {idle} ms");
 }
 
 /// Run-once: the failed delivery releases its claim before the delay is set, so the early
