@@ -39,6 +39,7 @@ where
         let shared = &self.shared;
         let config = &shared.config;
         let batch = config.batch_size as usize;
+        let refill_at = (batch / 4).max(1);
         let mut report = RelayReport::default();
         let mut listener: Option<PgListener> = None;
         let mut sends = Sends::new();
@@ -55,7 +56,10 @@ where
             }
             let now = Instant::now();
             let free = batch.saturating_sub(sends.len());
-            if claim && free > 0 && retry_at.is_none_or(|at| at <= now) {
+            // Refill in batches while sends run: one claim statement for several rows, not one
+            // per finished send (as the worker refills its slots).
+            let worth = free >= refill_at || (free > 0 && sends.is_empty());
+            if claim && worth && retry_at.is_none_or(|at| at <= now) {
                 claim = false;
                 report.passes += 1;
                 next_poll = now + config.poll_interval;
@@ -69,7 +73,7 @@ where
                         retry_at = None;
                         // As many as asked: more rows are likely due.
                         backlog = claimed == u64::from(limit);
-                        if backlog && sends.len() < batch {
+                        if backlog && batch - sends.len() >= refill_at {
                             claim = true;
                             continue;
                         }
@@ -92,11 +96,15 @@ where
                 next_purge = Instant::now() + PURGE_EVERY;
                 self.purge().await;
             }
+            // NOTE: every moment here is in the future or acted on when it fires, so the loop
+            // never spins: a claim that cannot be made now waits for a send or the next poll.
+            let free = batch.saturating_sub(sends.len());
+            let can_claim = free >= refill_at || (free > 0 && sends.is_empty());
             let mut wake = next_poll;
             if let Some(at) = sends.soonest_retry {
                 wake = wake.min(at);
             }
-            if let Some(at) = retry_at.filter(|_| claim) {
+            if let Some(at) = retry_at.filter(|_| claim && can_claim) {
                 wake = wake.min(at);
             }
             tokio::select! {
@@ -113,8 +121,12 @@ where
                 }
                 () = tokio::time::sleep_until(wake) => {
                     claim = true;
-                    if sends.soonest_retry.is_some_and(|at| at <= Instant::now()) {
+                    let now = Instant::now();
+                    if sends.soonest_retry.is_some_and(|at| at <= now) {
                         sends.soonest_retry = None;
+                    }
+                    if next_poll <= now {
+                        next_poll = now + config.poll_interval;
                     }
                 }
             }
