@@ -16,8 +16,8 @@ use tower_service::Service;
 
 /// Sends an [`Outbox`]'s rows through a `tower::Service<OutboxMessage>`.
 ///
-/// It keeps up to `batch_size` sends in flight: it claims due rows into the free slots in one
-/// short statement (`FOR UPDATE SKIP LOCKED`, then a lease written on them), sends them
+/// It keeps up to `batch_size` sends in flight: it claims due rows into the free slots (once a
+/// quarter of them is free) in one short statement (`FOR UPDATE SKIP LOCKED`, then a lease written on them), sends them
 /// concurrently, and records each outcome as it comes. No row lock is held across a send and
 /// no send waits for another: a slow or hanging provider holds only its own slots (at most
 /// `send_timeout` each), several relays share the work, and a dead relay's rows come back when
@@ -86,8 +86,8 @@ where
 {
     /// One pass: claims up to `batch_size` due rows, sends them concurrently and records each
     /// outcome. Returns when every send has finished. For tests and cron-style deployments;
-    /// [`run`](Self::run) does not wait for a whole batch: it claims into every slot a
-    /// finished send frees.
+    /// [`run`](Self::run) does not wait for a whole batch: it refills the slots finished sends
+    /// free.
     pub async fn pass(&self) -> Result<PassReport, OutboxError> {
         let mut sends = pass::Sends::new();
         let mut report = PassReport::default();

@@ -29,8 +29,8 @@ where
     /// `shutdown_grace` and releases the rest. Never fails: while Postgres is unreachable it
     /// backs off (100 ms doubling to 5 s) and logs.
     ///
-    /// Up to `batch_size` sends are in flight; whenever one finishes while more rows were due,
-    /// its slot is filled. Otherwise it claims when the table's `NOTIFY` comes (sent by the
+    /// Up to `batch_size` sends are in flight; while more rows are due, free slots are refilled
+    /// once a quarter of them is free (or none is busy). Otherwise it claims when the table's `NOTIFY` comes (sent by the
     /// insert trigger when a transaction that enqueued commits), when a row it failed is due
     /// again, and at least every `poll_interval` (rows other relays failed, a notification
     /// missed while reconnecting).
