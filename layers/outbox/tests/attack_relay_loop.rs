@@ -1,0 +1,598 @@
+//! Attacks on the relay's run loop (`run.rs`, `pass.rs`: send slots refilled while sends go
+//! on), against the machine's PostgreSQL (`DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`). Each test works in its own schema, dropped at
+//! the end. The tests that fail name a broken promise; the others held up.
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tower::service_fn;
+use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
+use tower_once_retry::backoff::Backoff;
+use tower_once_retry::classify::Action;
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A schema of its own, dropped (with `psql`, so it happens even after a panic) on drop.
+struct Schema {
+    name: String,
+    pool: PgPool,
+}
+
+impl Schema {
+    async fn new() -> Self {
+        let name = format!("outbox_loop_{}", fastrand::u64(..));
+        let admin = PgPool::connect(&database_url()).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let options = PgConnectOptions::from_str(&database_url())
+            .unwrap()
+            .options([("search_path", name.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .unwrap();
+        Self { name, pool }
+    }
+
+    async fn outbox(&self) -> Outbox {
+        let outbox = Outbox::new(self.pool.clone());
+        outbox.migrate().await.unwrap();
+        outbox
+    }
+
+    async fn enqueue(&self, outbox: &Outbox, key: &str) {
+        let mut tx = self.pool.begin().await.unwrap();
+        outbox.enqueue(&mut tx, "email", key, "{}").await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .arg(database_url())
+            .args([
+                "-q",
+                "-c",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+            ])
+            .output();
+    }
+}
+
+/// Counts sends per dedupe key.
+#[derive(Clone, Default)]
+struct Sent(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Sent {
+    fn note(&self, m: &OutboxMessage) {
+        *self
+            .0
+            .lock()
+            .unwrap()
+            .entry(m.dedupe_key().to_owned())
+            .or_default() += 1;
+    }
+    fn of(&self, key: &str) -> usize {
+        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+    fn total(&self) -> usize {
+        self.0.lock().unwrap().values().sum()
+    }
+    fn keys_starting(&self, prefix: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .count()
+    }
+    fn max(&self) -> usize {
+        self.0.lock().unwrap().values().copied().max().unwrap_or(0)
+    }
+}
+
+fn quick() -> RelayConfig {
+    RelayConfig::new()
+        .lease(Duration::from_secs(10))
+        .send_timeout(Duration::from_secs(8))
+        .backoff(Backoff::new(Duration::from_millis(1), 1.0, Duration::from_millis(1)).unwrap())
+        .shutdown_grace(Duration::from_millis(100))
+}
+
+/// CPU time (user + system) of the calling thread. The tests below run the relay on a
+/// current-thread runtime, so this is the loop's own CPU time.
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `after` starts at field 3.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Commits `n` rows, one transaction (so one NOTIFY) each, from a thread of its own so that
+/// the relay's thread does none of that work.
+fn enqueue_elsewhere(outbox: Outbox, prefix: &'static str, n: usize, pause: Duration) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for i in 0..n {
+                let mut tx = outbox.pool().begin().await.unwrap();
+                outbox
+                    .enqueue(&mut tx, "email", &format!("{prefix}-{i}"), "{}")
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+                tokio::time::sleep(pause).await;
+            }
+        });
+    })
+    .join()
+    .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Breaks
+// ---------------------------------------------------------------------------------------------
+
+/// BREAK. "It claims ... when a row it failed is due again": `soonest_retry` holds one
+/// instant, and the sleep branch sets it to `None` when it fires, so every later due time of
+/// the relay's other failed rows is forgotten. Row `b` (due after 800 ms) waits for the next
+/// poll (30 s here, 5 s by default) instead.
+#[tokio::test]
+async fn every_failed_row_is_retried_when_due_not_only_the_soonest() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    db.enqueue(&outbox, "a").await;
+    db.enqueue(&outbox, "b").await;
+    let sent = Sent::default();
+    let s = sent.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick().poll_interval(Duration::from_secs(30)),
+        service_fn(move |m: OutboxMessage| {
+            let first = m.attempt() == 1;
+            let key = m.dedupe_key().to_owned();
+            if !first {
+                s.note(&m);
+            }
+            async move {
+                match (first, key.as_str()) {
+                    (true, "a") => Err("a"),
+                    (true, _) => Err("b"),
+                    _ => Ok(()),
+                }
+            }
+        }),
+    )
+    .unwrap()
+    .classify(|r: &Result<(), &str>| match r {
+        Ok(()) => Action::Success,
+        Err("a") => Action::Retry {
+            after: Some(Duration::from_millis(200)),
+        },
+        Err(_) => Action::Retry {
+            after: Some(Duration::from_millis(800)),
+        },
+    });
+    let report = relay.run(tokio::time::sleep(Duration::from_secs(3))).await;
+    assert_eq!(sent.of("a"), 1, "{report:?}");
+    assert_eq!(
+        sent.of("b"),
+        1,
+        "row b was due again 800 ms in, but the relay forgot it after retrying row a: {report:?}"
+    );
+}
+
+/// BREAK. "A slow or hanging provider holds only its own slots": with `batch_size` 8 the
+/// relay claims only once 2 slots are free. Seven hanging sends leave one slot free, and
+/// nothing (a finished send, a NOTIFY, the 200 ms poll) ever claims into it: due rows wait
+/// for the hanging sends' `send_timeout`.
+#[tokio::test]
+async fn hanging_sends_hold_only_their_own_slots() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    for i in 0..7 {
+        db.enqueue(&outbox, &format!("hang-{i}")).await;
+    }
+    for i in 0..5 {
+        db.enqueue(&outbox, &format!("fast-{i}")).await;
+    }
+    let sent = Sent::default();
+    let s = sent.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick()
+            .batch_size(8)
+            .poll_interval(Duration::from_millis(200))
+            .shutdown_grace(Duration::ZERO),
+        service_fn(move |m: OutboxMessage| {
+            let hang = m.dedupe_key().starts_with("hang");
+            if !hang {
+                s.note(&m);
+            }
+            async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, &'static str>(())
+            }
+        }),
+    )
+    .unwrap();
+    let report = relay.run(tokio::time::sleep(Duration::from_secs(3))).await;
+    assert_eq!(report.totals.released, 7, "{report:?}");
+    assert_eq!(
+        sent.keys_starting("fast"),
+        5,
+        "one slot stayed free for 3 s (15 polls) while fast rows were due: {report:?}"
+    );
+}
+
+/// BREAK. "No outcome is lost ... including around shutdown": `release_all` aborts the sends
+/// still running and then joins them, throwing away what the join returns. A send that
+/// returned `Ok` while the relay was stopping (here: it finishes 200 ms after the grace, the
+/// relay is still joining it) is released as if it had never been sent, and is sent again by
+/// the next relay. The sender blocks its thread to hold the race open deterministically (a
+/// synchronous SDK call does the same).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_returned_ok_during_shutdown_is_recorded_sent() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    db.enqueue(&outbox, "k").await;
+    let sent = Sent::default();
+    let s = sent.clone();
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let st = stop.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick().shutdown_grace(Duration::from_millis(100)),
+        service_fn(move |m: OutboxMessage| {
+            let (s, st) = (s.clone(), st.clone());
+            async move {
+                st.notify_one();
+                std::thread::sleep(Duration::from_millis(300));
+                s.note(&m);
+                Ok::<_, &'static str>(())
+            }
+        }),
+    )
+    .unwrap();
+    let report = relay.run(async move { stop.notified().await }).await;
+    assert_eq!(sent.of("k"), 1);
+    let unsent = db
+        .scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        .await;
+    assert_eq!(
+        (unsent, report.totals.sent),
+        (0, 1),
+        "the sender returned Ok before run() returned, and the relay had that outcome in \
+         hand, yet it released the row (to be sent again): {report:?}"
+    );
+}
+
+/// BREAK. "Relays until `shutdown` resolves, then lets sends in flight finish within
+/// `shutdown_grace`": while Postgres refuses connections, the loop sits in `listen()` and in
+/// the claim (each as long as the pool's `acquire_timeout`, 30 s by default), outside the
+/// `select!`, so a shutdown with no sends in flight and no grace takes seconds. Worse,
+/// `retry_at` is counted from the claim's start: a claim that took longer than the backoff
+/// leaves a wake-up already due, which races the shutdown branch in `select!` (random) and
+/// wins half the time, starting another listen + claim. With a 1.5 s acquire timeout this was
+/// seen taking 4 rounds (12 s; a minute per round at the default 30 s); here (600 ms) the
+/// growing backoff bounds it.
+#[tokio::test]
+async fn shutdown_is_prompt_while_postgres_is_unreachable() {
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(600))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let relay = OutboxRelay::new(
+        Outbox::new(pool),
+        quick().shutdown_grace(Duration::ZERO),
+        service_fn(|_m: OutboxMessage| async { Ok::<_, &'static str>(()) }),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let report = relay
+        .run(tokio::time::sleep(Duration::from_millis(100)))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "shutdown asked for at 100 ms, run() returned after {took:?}: {report:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Held up
+// ---------------------------------------------------------------------------------------------
+
+/// All slots hanging, a NOTIFY every 5 ms: each wakes the loop once, no claim is made and the
+/// loop's thread stays nearly idle.
+#[tokio::test]
+async fn no_spin_with_every_slot_hanging_and_notifies_arriving() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    for i in 0..4 {
+        db.enqueue(&outbox, &format!("hang-{i}")).await;
+    }
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick()
+            .batch_size(4)
+            .poll_interval(Duration::from_millis(50))
+            .shutdown_grace(Duration::ZERO),
+        service_fn(|_m: OutboxMessage| async {
+            std::future::pending::<()>().await;
+            Ok::<_, &'static str>(())
+        }),
+    )
+    .unwrap();
+    let o = outbox.clone();
+    let cpu = thread_cpu();
+    let wall = Instant::now();
+    let inserts = tokio::task::spawn_blocking(move || {
+        enqueue_elsewhere(o, "n", 200, Duration::from_millis(5));
+    });
+    let report = relay
+        .run(async {
+            inserts.await.unwrap();
+        })
+        .await;
+    let (cpu, wall) = (thread_cpu() - cpu, wall.elapsed());
+    assert_eq!(report.passes, 1, "{report:?}");
+    assert_eq!(report.totals.released, 4, "{report:?}");
+    assert!(cpu < wall / 4, "loop thread used {cpu:?} of {wall:?}");
+}
+
+/// Postgres refusing connections (a pool at a closed port, short acquire timeout): claims
+/// back off, the thread stays idle.
+#[tokio::test]
+async fn no_spin_while_postgres_is_unreachable() {
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(50))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let relay = OutboxRelay::new(
+        Outbox::new(pool),
+        quick()
+            .poll_interval(Duration::from_millis(10))
+            .shutdown_grace(Duration::ZERO),
+        service_fn(|_m: OutboxMessage| async { Ok::<_, &'static str>(()) }),
+    )
+    .unwrap();
+    let cpu = thread_cpu();
+    let report = relay.run(tokio::time::sleep(Duration::from_secs(3))).await;
+    let cpu = thread_cpu() - cpu;
+    assert!(report.failed_passes <= 12, "{report:?}");
+    assert!(cpu < Duration::from_millis(600), "{cpu:?}: {report:?}");
+}
+
+/// A 10 ms poll with nothing due: about one claim per poll, no more.
+#[tokio::test]
+async fn a_10ms_poll_claims_about_once_per_poll() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick().poll_interval(Duration::from_millis(10)),
+        service_fn(|_m: OutboxMessage| async { Ok::<_, &'static str>(()) }),
+    )
+    .unwrap();
+    let report = relay.run(tokio::time::sleep(Duration::from_secs(1))).await;
+    assert!(
+        (20..=110).contains(&report.passes),
+        "{} claims in 1 s",
+        report.passes
+    );
+}
+
+/// 1000 commits, one NOTIFY each, while the relay runs: each row sent exactly once, recorded.
+#[tokio::test]
+async fn a_burst_of_1000_notifies_sends_each_row_once() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let sent = Sent::default();
+    let s = sent.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick().poll_interval(Duration::from_secs(30)),
+        service_fn(move |m: OutboxMessage| {
+            s.note(&m);
+            async {
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..5))).await;
+                Ok::<_, &'static str>(())
+            }
+        }),
+    )
+    .unwrap();
+    let o = outbox.clone();
+    let pool = db.pool.clone();
+    let report = relay
+        .run(async move {
+            let mut writers = Vec::new();
+            for w in 0..4 {
+                let o = o.clone();
+                writers.push(tokio::spawn(async move {
+                    for i in 0..250 {
+                        let mut tx = o.pool().begin().await.unwrap();
+                        o.enqueue(&mut tx, "email", &format!("w{w}-{i}"), "{}")
+                            .await
+                            .unwrap();
+                        tx.commit().await.unwrap();
+                    }
+                }));
+            }
+            for w in writers {
+                w.await.unwrap();
+            }
+            for _ in 0..80 {
+                let unsent: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                if unsent == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+    assert_eq!(sent.total(), 1000, "{report:?}");
+    assert_eq!(sent.max(), 1, "{report:?}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+            .await,
+        0
+    );
+    assert_eq!(report.totals.sent, 1000, "{report:?}");
+}
+
+/// Rows parked unsent at claim fill a whole claim while the slots stay free: the loop claims
+/// again at once (backlog), and the good rows behind them go out without waiting for a poll.
+#[tokio::test]
+async fn rows_parked_at_claim_do_not_stall_the_rows_behind_them() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    for i in 0..6 {
+        db.enqueue(&outbox, &format!("dead-{i}")).await;
+    }
+    for i in 0..3 {
+        db.enqueue(&outbox, &format!("good-{i}")).await;
+    }
+    // Earlier relays died on the dead rows max_attempts - 1 times and once more now.
+    sqlx::query(
+        "UPDATE outbox SET attempts = 2, leased_until = now() - interval '1 s', \
+         lease_token = 1, next_attempt_at = now() - interval '1 s' WHERE dedupe_key LIKE 'dead-%'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let sent = Sent::default();
+    let s = sent.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick()
+            .batch_size(2)
+            .max_attempts(3)
+            .poll_interval(Duration::from_secs(30)),
+        service_fn(move |m: OutboxMessage| {
+            s.note(&m);
+            async { Ok::<_, &'static str>(()) }
+        }),
+    )
+    .unwrap();
+    let report = relay
+        .run(tokio::time::sleep(Duration::from_millis(800)))
+        .await;
+    assert_eq!(report.totals.parked, 6, "{report:?}");
+    assert_eq!(sent.keys_starting("good"), 3, "{report:?}");
+    assert_eq!(sent.keys_starting("dead"), 0, "{report:?}");
+}
+
+/// `batch_size` 1 with a backlog: one send at a time, each row once, no claim beyond need.
+#[tokio::test]
+async fn batch_size_1_drains_a_backlog() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    for i in 0..20 {
+        db.enqueue(&outbox, &format!("k{i}")).await;
+    }
+    let sent = Sent::default();
+    let s = sent.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        quick().batch_size(1).poll_interval(Duration::from_secs(30)),
+        service_fn(move |m: OutboxMessage| {
+            s.note(&m);
+            async { Ok::<_, &'static str>(()) }
+        }),
+    )
+    .unwrap();
+    let report = relay
+        .run(tokio::time::sleep(Duration::from_millis(1500)))
+        .await;
+    assert_eq!((sent.total(), sent.max()), (20, 1), "{report:?}");
+    // One claim per row, plus the one that found nothing.
+    assert!(report.passes <= 22, "{report:?}");
+}
+
+/// A failed row taken by another relay before this one's `soonest_retry` fires: the wake-up
+/// claims nothing, once, and the loop goes quiet (no spin, no double send).
+#[tokio::test]
+async fn a_retry_taken_by_another_relay_costs_one_empty_claim() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    db.enqueue(&outbox, "k").await;
+    let sent = Sent::default();
+    let s = sent.clone();
+    let failing = OutboxRelay::new(
+        outbox.clone(),
+        quick().poll_interval(Duration::from_secs(30)),
+        service_fn(move |m: OutboxMessage| {
+            let first = m.attempt() == 1;
+            s.note(&m);
+            async move {
+                if first {
+                    Err("later")
+                } else {
+                    Ok(())
+                }
+            }
+        }),
+    )
+    .unwrap()
+    .classify(|r: &Result<(), &str>| match r {
+        Ok(()) => Action::Success,
+        Err(_) => Action::Retry {
+            after: Some(Duration::from_millis(300)),
+        },
+    });
+    let o = outbox.clone();
+    let other_sent = Sent::default();
+    let os = other_sent.clone();
+    let report = failing
+        .run(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            // Another relay's clock says the row is due (made so here), and it takes the row
+            // before this relay's wake-up at 300 ms.
+            sqlx::query("UPDATE outbox SET next_attempt_at = now()")
+                .execute(o.pool())
+                .await
+                .unwrap();
+            let thief = OutboxRelay::new(
+                o,
+                quick(),
+                service_fn(move |m: OutboxMessage| {
+                    os.note(&m);
+                    async { Ok::<_, &'static str>(()) }
+                }),
+            )
+            .unwrap();
+            assert_eq!(thief.pass().await.unwrap().sent, 1);
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        })
+        .await;
+    assert_eq!(sent.total() + other_sent.total(), 2, "{report:?}");
+    assert!(report.passes <= 3, "{report:?}");
+}
