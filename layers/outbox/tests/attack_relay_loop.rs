@@ -154,7 +154,7 @@ fn enqueue_elsewhere(outbox: Outbox, prefix: &'static str, n: usize, pause: Dura
 // Breaks
 // ---------------------------------------------------------------------------------------------
 
-/// BREAK. "It claims ... when a row it failed is due again": `soonest_retry` holds one
+/// Was a break, now fixed. "It claims ... when a row it failed is due again": `soonest_retry` holds one
 /// instant, and the sleep branch sets it to `None` when it fires, so every later due time of
 /// the relay's other failed rows is forgotten. Row `b` (due after 800 ms) waits for the next
 /// poll (30 s here, 5 s by default) instead.
@@ -203,7 +203,7 @@ async fn every_failed_row_is_retried_when_due_not_only_the_soonest() {
     );
 }
 
-/// BREAK. "A slow or hanging provider holds only its own slots": with `batch_size` 8 the
+/// Was a break, now fixed. "A slow or hanging provider holds only its own slots": with `batch_size` 8 the
 /// relay claims only once 2 slots are free. Seven hanging sends leave one slot free, and
 /// nothing (a finished send, a NOTIFY, the 200 ms poll) ever claims into it: due rows wait
 /// for the hanging sends' `send_timeout`.
@@ -248,7 +248,7 @@ async fn hanging_sends_hold_only_their_own_slots() {
     );
 }
 
-/// BREAK. "No outcome is lost ... including around shutdown": `release_all` aborts the sends
+/// Was a break, now fixed. "No outcome is lost ... including around shutdown": `release_all` aborts the sends
 /// still running and then joins them, throwing away what the join returns. A send that
 /// returned `Ok` while the relay was stopping (here: it finishes 200 ms after the grace, the
 /// relay is still joining it) is released as if it had never been sent, and is sent again by
@@ -290,7 +290,7 @@ async fn a_send_that_returned_ok_during_shutdown_is_recorded_sent() {
     );
 }
 
-/// BREAK. "Relays until `shutdown` resolves, then lets sends in flight finish within
+/// Was a break, now fixed. "Relays until `shutdown` resolves, then lets sends in flight finish within
 /// `shutdown_grace`": while Postgres refuses connections, the loop sits in `listen()` and in
 /// the claim (each as long as the pool's `acquire_timeout`, 30 s by default), outside the
 /// `select!`, so a shutdown with no sends in flight and no grace takes seconds. Worse,

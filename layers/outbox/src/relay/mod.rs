@@ -92,9 +92,11 @@ where
         let mut sends = pass::Sends::new();
         let mut report = PassReport::default();
         let batch = self.shared.config.batch_size;
+        let mut conn = self.shared.outbox.pool().acquire().await?;
         sends
-            .claim(&self.shared, &self.sender, batch, &mut report)
+            .claim(&self.shared, &mut conn, &self.sender, batch, &mut report)
             .await?;
+        drop(conn);
         while !sends.is_empty() {
             let done = sends.next_done().await;
             sends.record(done, &self.shared, &mut report).await;

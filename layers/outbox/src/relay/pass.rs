@@ -9,7 +9,9 @@ use crate::error::OutboxError;
 use crate::message::{time_from_millis, OutboxMessage};
 use crate::metrics::{self, SendOutcome};
 use bytes::Bytes;
-use std::collections::HashMap;
+use sqlx::PgConnection;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +26,16 @@ type Claimed = (i64, String, String, Vec<u8>, i32, i64);
 /// A finished send task: its verdict, or how it failed (a panic).
 pub(crate) type Joined = Result<(task::Id, Verdict), task::JoinError>;
 
+/// How many retry times a relay remembers to wake for.
+pub(crate) const MAX_RETRY_TIMES: usize = 4096;
+
 /// The sends a relay has in flight, with the row, attempt and lease token of each.
 pub(crate) struct Sends {
     tasks: JoinSet<Verdict>,
     running: HashMap<task::Id, (i64, u32, i64)>,
-    /// The earliest moment a row this relay failed becomes due again.
-    pub(crate) soonest_retry: Option<Instant>,
+    /// When the rows this relay failed become due again, earliest first (bounded: past
+    /// [`MAX_RETRY_TIMES`] the poll finds them).
+    pub(crate) retries: BinaryHeap<Reverse<Instant>>,
 }
 
 impl Sends {
@@ -37,7 +43,7 @@ impl Sends {
         Self {
             tasks: JoinSet::new(),
             running: HashMap::new(),
-            soonest_retry: None,
+            retries: BinaryHeap::new(),
         }
     }
 
@@ -49,11 +55,27 @@ impl Sends {
         self.running.is_empty()
     }
 
+    /// The next moment a failed row is due again.
+    pub(crate) fn next_retry(&self) -> Option<Instant> {
+        self.retries.peek().map(|Reverse(at)| *at)
+    }
+
+    /// Forgets the retry times that have passed; `true` if there were any.
+    pub(crate) fn take_due_retries(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while self.retries.peek().is_some_and(|Reverse(at)| *at <= now) {
+            self.retries.pop();
+            any = true;
+        }
+        any
+    }
+
     /// Claims up to `limit` due rows under a fresh lease and starts sending them. Returns how
     /// many rows were claimed.
     pub(crate) async fn claim<S, C>(
         &mut self,
         shared: &Arc<Shared<C>>,
+        conn: &mut PgConnection,
         sender: &S,
         limit: u32,
         report: &mut PassReport,
@@ -74,7 +96,7 @@ impl Sends {
             .bind(i64::from(limit))
             .bind(lease_ms)
             .bind(token)
-            .fetch_all(shared.outbox.pool())
+            .fetch_all(&mut *conn)
             .await?;
         let claimed = rows.len() as u64;
         report.claimed += claimed;
@@ -140,9 +162,10 @@ impl Sends {
                         let (outcome, wait) =
                             send::record_failure(shared, id, attempt, token, failure).await;
                         if let Some(wait) = wait {
-                            let due = Instant::now() + wait.min(Duration::from_secs(3600));
-                            self.soonest_retry =
-                                Some(self.soonest_retry.map_or(due, |s| s.min(due)));
+                            if self.retries.len() < MAX_RETRY_TIMES {
+                                let due = Instant::now() + wait.min(Duration::from_secs(3600));
+                                self.retries.push(Reverse(due));
+                            }
                         }
                         count(report, outcome, 1);
                     }
@@ -157,10 +180,22 @@ impl Sends {
         }
     }
 
-    /// Stops every send still running and gives its row back at once (uncounted).
+    /// Stops every send still running and gives its row back at once (uncounted). A send that
+    /// finished meanwhile is recorded as it ended, not released.
     pub(crate) async fn release_all<C>(&mut self, shared: &Shared<C>, report: &mut PassReport) {
         self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
+        let mut finished = Vec::new();
+        while let Some(joined) = self.tasks.join_next_with_id().await {
+            match joined {
+                Ok(done) => finished.push(Ok(done)),
+                // Cut by the abort: released below. A panic is a failed attempt.
+                Err(err) if err.is_panic() => finished.push(Err(err)),
+                Err(_) => {}
+            }
+        }
+        for done in finished {
+            self.record_one(done, shared, report).await;
+        }
         if self.running.is_empty() {
             return;
         }
@@ -175,6 +210,24 @@ impl Sends {
         for (token, ids) in by_token {
             send::release(shared, &ids, token).await;
             report.released += ids.len() as u64;
+        }
+    }
+
+    /// Records one finished send on its own.
+    async fn record_one<C>(&mut self, done: Joined, shared: &Shared<C>, report: &mut PassReport) {
+        let (task, verdict) = match done {
+            Ok(done) => done,
+            Err(err) => (
+                err.id(),
+                Verdict::Retry {
+                    after: None,
+                    error: "the sender panicked".to_owned(),
+                },
+            ),
+        };
+        if let Some((id, attempt, token)) = self.running.remove(&task) {
+            let (outcome, _) = send::record_failure(shared, id, attempt, token, verdict).await;
+            count(report, outcome, 1);
         }
     }
 }

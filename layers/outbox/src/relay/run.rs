@@ -44,37 +44,53 @@ where
         let mut listener: Option<PgListener> = None;
         let mut sends = Sends::new();
         let mut failures = 0u32;
-        let mut claim = true;
+        // A claim into any free slot is wanted (start, NOTIFY, poll, a failed row due again).
+        let mut wanted = true;
+        // The last claim came back full: refill once a quarter of the slots is free.
         let mut backlog = false;
         let mut retry_at: Option<Instant> = None;
         let mut next_poll = Instant::now();
         let mut next_purge = Instant::now();
         tracing::info!(table = shared.outbox.table_name(), "outbox relay started");
-        loop {
+        'relay: loop {
             if listener.is_none() {
-                listener = self.listen().await;
+                // Dropping a half-made listener is harmless: shutdown does not wait for it.
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break 'relay,
+                    made = self.listen() => listener = made,
+                }
             }
             let now = Instant::now();
             let free = batch.saturating_sub(sends.len());
-            // Refill in batches while sends run: one claim statement for several rows, not one
-            // per finished send (as the worker refills its slots).
-            let worth = free >= refill_at || (free > 0 && sends.is_empty());
-            if claim && worth && retry_at.is_none_or(|at| at <= now) {
-                claim = false;
+            let refill = backlog && (free >= refill_at || sends.is_empty());
+            if free > 0 && (wanted || refill) && retry_at.is_none_or(|at| at <= now) {
+                // Only the wait for a connection races shutdown: a claim statement, once sent,
+                // is seen through (dropping it could lease rows nobody sends).
+                let acquired = tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break 'relay,
+                    conn = shared.outbox.pool().acquire() => conn,
+                };
                 report.passes += 1;
-                next_poll = now + config.poll_interval;
+                next_poll = Instant::now() + config.poll_interval;
                 let limit = u32::try_from(free).unwrap_or(u32::MAX);
-                match sends
-                    .claim(shared, &self.sender, limit, &mut report.totals)
-                    .await
-                {
+                let claimed = match acquired {
+                    Ok(mut conn) => {
+                        sends
+                            .claim(shared, &mut conn, &self.sender, limit, &mut report.totals)
+                            .await
+                    }
+                    Err(e) => Err(e.into()),
+                };
+                match claimed {
                     Ok(claimed) => {
                         failures = 0;
                         retry_at = None;
+                        wanted = false;
                         // As many as asked: more rows are likely due.
                         backlog = claimed == u64::from(limit);
-                        if backlog && batch - sends.len() >= refill_at {
-                            claim = true;
+                        if backlog && sends.len() < batch {
                             continue;
                         }
                     }
@@ -84,8 +100,9 @@ where
                         let wait = Duration::from_millis(100)
                             .saturating_mul(1 << failures.min(6))
                             .min(Duration::from_secs(5));
-                        retry_at = Some(now + wait);
-                        claim = true;
+                        // From the end of the failed claim, which may have waited long itself.
+                        retry_at = Some(Instant::now() + wait);
+                        wanted = true;
                         if failures.is_power_of_two() {
                             tracing::warn!(error = %e, failures, "outbox claim failed; backing off");
                         }
@@ -98,35 +115,35 @@ where
             }
             // NOTE: every moment here is in the future or acted on when it fires, so the loop
             // never spins: a claim that cannot be made now waits for a send or the next poll.
-            let free = batch.saturating_sub(sends.len());
-            let can_claim = free >= refill_at || (free > 0 && sends.is_empty());
             let mut wake = next_poll;
-            if let Some(at) = sends.soonest_retry {
+            if let Some(at) = sends.next_retry() {
                 wake = wake.min(at);
             }
-            if let Some(at) = retry_at.filter(|_| claim && can_claim) {
+            let free = batch.saturating_sub(sends.len());
+            if let Some(at) = retry_at.filter(|_| (wanted || backlog) && free > 0) {
                 wake = wake.min(at);
             }
             tokio::select! {
-                _ = &mut shutdown => break,
-                done = sends.next_done() => {
-                    sends.record(done, shared, &mut report.totals).await;
-                    claim |= backlog;
-                }
+                biased;
+                _ = &mut shutdown => break 'relay,
+                done = sends.next_done() => sends.record(done, shared, &mut report.totals).await,
                 woke = recv(&mut listener) => {
                     if !woke {
                         listener = None;
                     }
-                    claim = true;
+                    wanted = true;
                 }
                 () = tokio::time::sleep_until(wake) => {
-                    claim = true;
                     let now = Instant::now();
-                    if sends.soonest_retry.is_some_and(|at| at <= now) {
-                        sends.soonest_retry = None;
+                    if sends.take_due_retries(now) {
+                        wanted = true;
                     }
                     if next_poll <= now {
                         next_poll = now + config.poll_interval;
+                        wanted = true;
+                    }
+                    if retry_at.is_some_and(|at| at <= now) {
+                        wanted = true;
                     }
                 }
             }

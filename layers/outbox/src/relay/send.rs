@@ -134,7 +134,11 @@ pub(crate) async fn record_failure<C>(
     verdict: Verdict,
 ) -> (SendOutcome, Option<Duration>) {
     let (outcome, wait) = match verdict {
-        Verdict::Sent => return (record_sent(shared, &[id]).await, None),
+        Verdict::Sent => {
+            let outcome = record_sent(shared, &[id]).await;
+            metrics::record(outcome);
+            return (outcome, None);
+        }
         Verdict::Unsent => (release(shared, &[id], token).await, Some(Duration::ZERO)),
         Verdict::Retry { after, error } => {
             let delay = after.map_or_else(
