@@ -9,21 +9,16 @@
 mod support;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::worker::{eventually, first_pending, manager, pending, start, xadd};
 use support::RedisServer;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::Layer;
 use tower_once::idempotency::store::MemoryStore;
 use tower_once::worker::dead_letter::DeadLetters;
-use tower_once::worker::redis::aio::{ConnectionLike, ConnectionManager};
 use tower_once::worker::redis::{self, Value};
-use tower_once::worker::{Job, JobError, RunOnceLayer, RunReport, Worker, WorkerConfig};
-
-const LIMIT: Duration = Duration::from_secs(8);
+use tower_once::worker::{Job, JobError, RunOnceLayer, Worker, WorkerConfig};
 
 /// One handler call: the delivery count it saw, when it started and when it returned.
 #[derive(Clone, Copy, Debug)]
@@ -98,119 +93,6 @@ fn config(stream: &str, consumer: &str, claim_idle: Duration) -> WorkerConfig {
         .shutdown_grace(Duration::from_secs(3))
 }
 
-async fn manager(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn xadd<C: ConnectionLike + Send>(conn: &mut C, stream: &str, job_id: &str) -> String {
-    redis::cmd("XADD")
-        .arg(stream)
-        .arg("*")
-        .arg("job_id")
-        .arg(job_id)
-        .arg("payload")
-        .arg("{}")
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
-/// Entries pending in group `workers` (0 before the group exists).
-async fn pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> u64 {
-    let reply: Value = match redis::cmd("XPENDING")
-        .arg(stream)
-        .arg("workers")
-        .query_async(conn)
-        .await
-    {
-        Ok(reply) => reply,
-        Err(e) if e.code() == Some("NOGROUP") => return 0,
-        Err(e) => panic!("XPENDING: {e}"),
-    };
-    match reply {
-        Value::Array(parts) => match parts.first() {
-            Some(Value::Int(n)) => *n as u64,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
-/// The owner and idle time (ms) of the first pending entry.
-async fn first_pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> (String, i64) {
-    let reply: Value = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg("workers")
-        .arg("-")
-        .arg("+")
-        .arg(1)
-        .query_async(conn)
-        .await
-        .unwrap();
-    let Value::Array(rows) = reply else {
-        panic!("XPENDING: {reply:?}")
-    };
-    let Some(Value::Array(row)) = rows.first() else {
-        panic!("nothing pending")
-    };
-    let owner = match &row[1] {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        other => panic!("owner {other:?}"),
-    };
-    let Value::Int(idle) = row[2] else {
-        panic!("idle {:?}", row[2])
-    };
-    (owner, idle)
-}
-
-async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < LIMIT, "timed out waiting for: {what}");
-        tokio::time::sleep(ms(10)).await;
-    }
-}
-
-/// A running worker and the switch that stops it gracefully.
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<RunReport>,
-}
-
-impl Running {
-    fn spawn<W>(run: impl FnOnce(oneshot::Receiver<()>) -> W) -> Self
-    where
-        W: Future<Output = RunReport> + Send + 'static,
-    {
-        let (stop, rx) = oneshot::channel();
-        Self {
-            stop: Some(stop),
-            task: tokio::spawn(run(rx)),
-        }
-    }
-
-    async fn stop(mut self) -> RunReport {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(LIMIT, &mut self.task)
-            .await
-            .unwrap()
-            .unwrap()
-    }
-}
-
-macro_rules! start {
-    ($worker:expr) => {{
-        let worker = $worker;
-        Running::spawn(move |rx| {
-            worker.run(async move {
-                let _ = rx.await;
-            })
-        })
-    }};
-}
-
 fn transient(delay: Duration) -> Result<(), JobError> {
     Err(JobError::transient("429 from upstream").redeliver_after(delay))
 }
@@ -235,7 +117,7 @@ async fn break_a_short_delay_waits_out_the_blocking_read() {
         1 => (ms(100), transient(ms(100))),
         _ => (Duration::ZERO, Ok(())),
     });
-    xadd(&mut conn, "jobs", "retry-after-100ms").await;
+    xadd(&mut conn, "jobs", "retry-after-100ms", "{}").await;
     // Defaults: claim_idle 30 s, block 2 s.
     let worker = start!(Worker::connect(
         &server.url(),
@@ -271,8 +153,8 @@ async fn break_a_later_delay_is_lost_behind_an_earlier_one_and_exceeds_claim_idl
             _ => (Duration::ZERO, Ok(())),
         }
     });
-    xadd(&mut conn, "jobs", "a").await;
-    xadd(&mut conn, "jobs", "b").await;
+    xadd(&mut conn, "jobs", "a", "{}").await;
+    xadd(&mut conn, "jobs", "b", "{}").await;
     let claim_idle = Duration::from_secs(2);
     let worker = start!(Worker::connect(
         &server.url(),
@@ -317,7 +199,7 @@ async fn break_a_consumer_with_a_shorter_claim_idle_redelivers_before_the_delay(
     .unwrap());
     // Let W1 create the group and block on it, so it is the one that reads the entry.
     tokio::time::sleep(ms(200)).await;
-    xadd(&mut conn, "jobs", "job").await;
+    xadd(&mut conn, "jobs", "job", "{}").await;
     eventually("w1 has it", || async { log.count("job") == 1 }).await;
     let w2 = start!(Worker::connect(
         &server.url(),
@@ -348,7 +230,7 @@ async fn holds_zero_delay_still_dead_letters_at_max_deliveries() {
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
     let svc = handler(&log, |_| (Duration::ZERO, transient(Duration::ZERO)));
-    xadd(&mut conn, "jobs", "zero").await;
+    xadd(&mut conn, "jobs", "zero", "{}").await;
     let worker = start!(Worker::connect(
         &server.url(),
         config("jobs", "w1", Duration::from_secs(30))
@@ -383,7 +265,7 @@ async fn holds_max_delay_is_cut_to_claim_idle() {
         1 => (Duration::ZERO, transient(Duration::MAX)),
         _ => (Duration::ZERO, Ok(())),
     });
-    xadd(&mut conn, "jobs", "max").await;
+    xadd(&mut conn, "jobs", "max", "{}").await;
     let claim_idle = Duration::from_secs(1);
     let worker = start!(Worker::connect(
         &server.url(),
@@ -427,7 +309,7 @@ async fn holds_another_consumers_entry_is_not_touched() {
             transient(Duration::ZERO)
         }
     });
-    xadd(&mut conn, "jobs", "stolen").await;
+    xadd(&mut conn, "jobs", "stolen", "{}").await;
     let claim_idle = Duration::from_secs(3);
     let worker = start!(Worker::connect(
         &server.url(),
@@ -461,7 +343,7 @@ async fn holds_run_once_early_redelivery_runs_the_handler() {
         _ => (Duration::ZERO, Ok(())),
     });
     let svc = RunOnceLayer::new(MemoryStore::new()).layer(inner);
-    xadd(&mut conn, "jobs", "once").await;
+    xadd(&mut conn, "jobs", "once", "{}").await;
     let worker = start!(Worker::connect(
         &server.url(),
         config("jobs", "w1", Duration::from_secs(30)).block(ms(50)),
@@ -490,7 +372,7 @@ async fn holds_shutdown_after_a_delay_next_worker_respects_it() {
         1 => (Duration::ZERO, transient(ms(700))),
         _ => (Duration::ZERO, Ok(())),
     });
-    xadd(&mut conn, "jobs", "handover").await;
+    xadd(&mut conn, "jobs", "handover", "{}").await;
     let claim_idle = Duration::from_secs(3);
     let cfg = |name| config("jobs", name, claim_idle).block(ms(50));
     let w1 = start!(Worker::connect(&server.url(), cfg("w1"), svc.clone()).unwrap());

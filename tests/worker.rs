@@ -8,12 +8,10 @@
 mod support;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::worker::{eventually, first_pending, manager, pending, start, xadd, LIMIT};
 use support::{RedisCluster, RedisServer};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_once::idempotency::store::redis::RedisStore;
@@ -22,14 +20,10 @@ use tower_once::retry::backoff::Backoff;
 use tower_once::retry::classify::HttpClassifier;
 use tower_once::retry::RetryLayer;
 use tower_once::worker::dead_letter::DeadLetters;
-use tower_once::worker::redis::aio::{ConnectionLike, ConnectionManager};
 use tower_once::worker::redis::{self, Value};
-use tower_once::worker::{
-    Job, JobError, JobId, Producer, RunOnceLayer, RunReport, Worker, WorkerConfig,
-};
+use tower_once::worker::{Job, JobError, JobId, Producer, RunOnceLayer, Worker, WorkerConfig};
 
 const CLAIM_IDLE: Duration = Duration::from_millis(300);
-const LIMIT: Duration = Duration::from_secs(30);
 
 /// Calls per job id, and the deliveries each call saw.
 #[derive(Clone, Default)]
@@ -55,97 +49,6 @@ fn config(stream: &str, consumer: &str) -> WorkerConfig {
         .consumer(consumer)
         .claim_idle(CLAIM_IDLE)
         .shutdown_grace(Duration::from_secs(10))
-}
-
-async fn manager(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn xadd<C: ConnectionLike + Send>(
-    conn: &mut C,
-    stream: &str,
-    job_id: &str,
-    payload: &str,
-) -> String {
-    redis::cmd("XADD")
-        .arg(stream)
-        .arg("*")
-        .arg("job_id")
-        .arg(job_id)
-        .arg("payload")
-        .arg(payload)
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
-/// Entries pending in group `workers` (0 before the group exists).
-async fn pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str) -> u64 {
-    let reply: Value = match redis::cmd("XPENDING")
-        .arg(stream)
-        .arg("workers")
-        .query_async(conn)
-        .await
-    {
-        Ok(reply) => reply,
-        Err(e) if e.code() == Some("NOGROUP") => return 0,
-        Err(e) => panic!("XPENDING: {e}"),
-    };
-    match reply {
-        Value::Array(parts) => match parts.first() {
-            Some(Value::Int(n)) => *n as u64,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
-async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < LIMIT, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A running worker and the switch that stops it gracefully.
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<RunReport>,
-}
-
-impl Running {
-    fn spawn<W>(run: impl FnOnce(oneshot::Receiver<()>) -> W) -> Self
-    where
-        W: Future<Output = RunReport> + Send + 'static,
-    {
-        let (stop, rx) = oneshot::channel();
-        Self {
-            stop: Some(stop),
-            task: tokio::spawn(run(rx)),
-        }
-    }
-
-    async fn stop(mut self) -> RunReport {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(LIMIT, &mut self.task)
-            .await
-            .unwrap()
-            .unwrap()
-    }
-}
-
-macro_rules! start {
-    ($worker:expr) => {{
-        let worker = $worker;
-        Running::spawn(move |rx| {
-            worker.run(async move {
-                let _ = rx.await;
-            })
-        })
-    }};
 }
 
 /// A handler that logs each call and behaves as `behave(job)` says.
@@ -399,7 +302,7 @@ async fn a_slow_job_stays_with_its_live_worker_and_leaves_a_dead_one() {
         log.calls("orphan") == 1
     })
     .await;
-    dying.task.abort();
+    dying.abort();
     let heir = start!(Worker::connect(&server.url(), config("jobs", "heir"), svc).unwrap());
     eventually("taken over and acked", || {
         let mut c = conn.clone();
@@ -750,7 +653,7 @@ async fn a_dropped_run_leaves_no_task_or_connection_behind() {
     drop(conn);
     assert!(clients() > baseline);
     // The process "dies" as far as this worker is concerned: its run future is dropped.
-    running.task.abort();
+    running.abort();
     eventually("every worker connection closed", || async {
         clients() == baseline
     })
@@ -1108,25 +1011,7 @@ async fn a_transient_error_with_a_delay_is_redelivered_after_it_not_after_claim_
     })
     .await;
     // Its idle time starts over (held back a whole claim_idle), not past it.
-    let reply: Value = redis::cmd("XPENDING")
-        .arg("late")
-        .arg("workers")
-        .arg("-")
-        .arg("+")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let idle_ms = match reply {
-        Value::Array(rows) => match rows.first() {
-            Some(Value::Array(row)) => match row.get(2) {
-                Some(Value::Int(ms)) => *ms,
-                _ => -1,
-            },
-            _ => -1,
-        },
-        _ => -1,
-    };
+    let (_, idle_ms) = first_pending(&mut conn, "late").await;
     assert!((0..30_000).contains(&idle_ms), "idle {idle_ms} ms");
     soon.stop().await;
     late.stop().await;

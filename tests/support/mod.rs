@@ -2,6 +2,10 @@
 //! server binary. Everything listens on loopback, on free ports, and is killed when dropped.
 #![allow(dead_code)] // each test binary uses part of this module
 
+pub(crate) mod pipeline;
+#[cfg(feature = "worker")]
+pub(crate) mod worker;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};

@@ -3,110 +3,18 @@
 //! `postgres://postgres@127.0.0.1:5432/test`). Each test works in its own schema, dropped at
 //! the end. The tests that fail name a broken promise; the others held up.
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
-use std::collections::HashMap;
-use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+mod support;
+
+use sqlx::postgres::PgPoolOptions;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{Schema, Sent};
 use tower::service_fn;
 use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
 use tower_once_retry::backoff::Backoff;
 use tower_once_retry::classify::Action;
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A schema of its own, dropped (with `psql`, so it happens even after a panic) on drop.
-struct Schema {
-    name: String,
-    pool: PgPool,
-}
-
-impl Schema {
-    async fn new() -> Self {
-        let name = format!("outbox_loop_{}", fastrand::u64(..));
-        let admin = PgPool::connect(&database_url()).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
-        let options = PgConnectOptions::from_str(&database_url())
-            .unwrap()
-            .options([("search_path", name.as_str())]);
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(options)
-            .await
-            .unwrap();
-        Self { name, pool }
-    }
-
-    async fn outbox(&self) -> Outbox {
-        let outbox = Outbox::new(self.pool.clone());
-        outbox.migrate().await.unwrap();
-        outbox
-    }
-
-    async fn enqueue(&self, outbox: &Outbox, key: &str) {
-        let mut tx = self.pool.begin().await.unwrap();
-        outbox.enqueue(&mut tx, "email", key, "{}").await.unwrap();
-        tx.commit().await.unwrap();
-    }
-
-    async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(database_url())
-            .args([
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-            ])
-            .output();
-    }
-}
-
-/// Counts sends per dedupe key.
-#[derive(Clone, Default)]
-struct Sent(Arc<Mutex<HashMap<String, usize>>>);
-
-impl Sent {
-    fn note(&self, m: &OutboxMessage) {
-        *self
-            .0
-            .lock()
-            .unwrap()
-            .entry(m.dedupe_key().to_owned())
-            .or_default() += 1;
-    }
-    fn of(&self, key: &str) -> usize {
-        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
-    }
-    fn total(&self) -> usize {
-        self.0.lock().unwrap().values().sum()
-    }
-    fn keys_starting(&self, prefix: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .keys()
-            .filter(|k| k.starts_with(prefix))
-            .count()
-    }
-    fn max(&self) -> usize {
-        self.0.lock().unwrap().values().copied().max().unwrap_or(0)
-    }
-}
-
+/// A 10 s lease: the loop's own timers, not lease expiry, are under test here.
 fn quick() -> RelayConfig {
     RelayConfig::new()
         .lease(Duration::from_secs(10))
@@ -162,8 +70,8 @@ fn enqueue_elsewhere(outbox: Outbox, prefix: &'static str, n: usize, pause: Dura
 async fn every_failed_row_is_retried_when_due_not_only_the_soonest() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
-    db.enqueue(&outbox, "a").await;
-    db.enqueue(&outbox, "b").await;
+    db.enqueue(&outbox, "a", "{}").await;
+    db.enqueue(&outbox, "b", "{}").await;
     let sent = Sent::default();
     let s = sent.clone();
     let relay = OutboxRelay::new(
@@ -212,10 +120,10 @@ async fn hanging_sends_hold_only_their_own_slots() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     for i in 0..7 {
-        db.enqueue(&outbox, &format!("hang-{i}")).await;
+        db.enqueue(&outbox, &format!("hang-{i}"), "{}").await;
     }
     for i in 0..5 {
-        db.enqueue(&outbox, &format!("fast-{i}")).await;
+        db.enqueue(&outbox, &format!("fast-{i}"), "{}").await;
     }
     let sent = Sent::default();
     let s = sent.clone();
@@ -258,7 +166,7 @@ async fn hanging_sends_hold_only_their_own_slots() {
 async fn a_send_that_returned_ok_during_shutdown_is_recorded_sent() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
-    db.enqueue(&outbox, "k").await;
+    db.enqueue(&outbox, "k", "{}").await;
     let sent = Sent::default();
     let s = sent.clone();
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -333,7 +241,7 @@ async fn no_spin_with_every_slot_hanging_and_notifies_arriving() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     for i in 0..4 {
-        db.enqueue(&outbox, &format!("hang-{i}")).await;
+        db.enqueue(&outbox, &format!("hang-{i}"), "{}").await;
     }
     let relay = OutboxRelay::new(
         outbox.clone(),
@@ -475,10 +383,10 @@ async fn rows_parked_at_claim_do_not_stall_the_rows_behind_them() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     for i in 0..6 {
-        db.enqueue(&outbox, &format!("dead-{i}")).await;
+        db.enqueue(&outbox, &format!("dead-{i}"), "{}").await;
     }
     for i in 0..3 {
-        db.enqueue(&outbox, &format!("good-{i}")).await;
+        db.enqueue(&outbox, &format!("good-{i}"), "{}").await;
     }
     // Earlier relays died on the dead rows max_attempts - 1 times and once more now.
     sqlx::query(
@@ -516,7 +424,7 @@ async fn batch_size_1_drains_a_backlog() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     for i in 0..20 {
-        db.enqueue(&outbox, &format!("k{i}")).await;
+        db.enqueue(&outbox, &format!("k{i}"), "{}").await;
     }
     let sent = Sent::default();
     let s = sent.clone();
@@ -543,7 +451,7 @@ async fn batch_size_1_drains_a_backlog() {
 async fn a_retry_taken_by_another_relay_costs_one_empty_claim() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
-    db.enqueue(&outbox, "k").await;
+    db.enqueue(&outbox, "k", "{}").await;
     let sent = Sent::default();
     let s = sent.clone();
     let failing = OutboxRelay::new(

@@ -2,111 +2,16 @@
 //! `postgres://postgres@127.0.0.1:5432/test`). Every test works in its own schema, dropped at
 //! the end, so runs never see each other.
 
+mod support;
+
 use bytes::Bytes;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
-use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::{quick, Schema, Sent};
 use tower::service_fn;
 use tower_once_outbox::{Enqueued, Outbox, OutboxMessage, OutboxRelay, RelayConfig};
-use tower_once_retry::backoff::Backoff;
 use tower_once_retry::classify::Action;
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A schema of its own, dropped (with `psql`, so it happens even after a panic) on drop.
-struct Schema {
-    name: String,
-    pool: PgPool,
-}
-
-impl Schema {
-    async fn new() -> Self {
-        let name = format!("outbox_test_{}", fastrand::u64(..));
-        let admin = PgPool::connect(&database_url()).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
-        let options = PgConnectOptions::from_str(&database_url())
-            .unwrap()
-            .options([("search_path", name.as_str())]);
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(options)
-            .await
-            .unwrap();
-        Self { name, pool }
-    }
-
-    async fn outbox(&self) -> Outbox {
-        let outbox = Outbox::new(self.pool.clone());
-        outbox.migrate().await.unwrap();
-        outbox
-    }
-
-    async fn enqueue(&self, outbox: &Outbox, key: &str, payload: &str) -> Enqueued {
-        let mut tx = self.pool.begin().await.unwrap();
-        let done = outbox
-            .enqueue(&mut tx, "email", key, payload.to_owned())
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        done
-    }
-
-    async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(database_url())
-            .args([
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-            ])
-            .output();
-    }
-}
-
-/// Counts sends per dedupe key.
-#[derive(Clone, Default)]
-struct Sent(Arc<Mutex<HashMap<String, usize>>>);
-
-impl Sent {
-    fn note(&self, m: &OutboxMessage) {
-        *self
-            .0
-            .lock()
-            .unwrap()
-            .entry(m.dedupe_key().to_owned())
-            .or_default() += 1;
-    }
-    fn of(&self, key: &str) -> usize {
-        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
-    }
-    fn total(&self) -> usize {
-        self.0.lock().unwrap().values().sum()
-    }
-}
-
-fn quick() -> RelayConfig {
-    RelayConfig::new()
-        .lease(Duration::from_secs(1))
-        .send_timeout(Duration::from_millis(800))
-        .backoff(Backoff::new(Duration::from_millis(1), 1.0, Duration::from_millis(1)).unwrap())
-}
 
 #[tokio::test]
 async fn a_message_commits_with_the_transaction_and_is_sent_once() {

@@ -144,17 +144,7 @@ impl Sends {
         let mut sent = Vec::new();
         let mut next = Some(first);
         while let Some(joined) = next.take() {
-            let (task, verdict) = match joined {
-                Ok((task, verdict)) => (task, verdict),
-                // A panicking sender is a failed attempt, not a dead relay.
-                Err(err) => (
-                    err.id(),
-                    Verdict::Retry {
-                        after: None,
-                        error: "the sender panicked".to_owned(),
-                    },
-                ),
-            };
+            let (task, verdict) = verdict_of(joined);
             if let Some((id, attempt, token)) = self.running.remove(&task) {
                 match verdict {
                     Verdict::Sent => sent.push(id),
@@ -215,20 +205,25 @@ impl Sends {
 
     /// Records one finished send on its own.
     async fn record_one<C>(&mut self, done: Joined, shared: &Shared<C>, report: &mut PassReport) {
-        let (task, verdict) = match done {
-            Ok(done) => done,
-            Err(err) => (
-                err.id(),
-                Verdict::Retry {
-                    after: None,
-                    error: "the sender panicked".to_owned(),
-                },
-            ),
-        };
+        let (task, verdict) = verdict_of(done);
         if let Some((id, attempt, token)) = self.running.remove(&task) {
             let (outcome, _) = send::record_failure(shared, id, attempt, token, verdict).await;
             count(report, outcome, 1);
         }
+    }
+}
+
+/// A finished task's verdict. A panicking sender is a failed attempt, not a dead relay.
+fn verdict_of(joined: Joined) -> (task::Id, Verdict) {
+    match joined {
+        Ok(done) => done,
+        Err(err) => (
+            err.id(),
+            Verdict::Retry {
+                after: None,
+                error: "the sender panicked".to_owned(),
+            },
+        ),
     }
 }
 

@@ -1,0 +1,154 @@
+//! What the outbox tests share: a PostgreSQL schema of their own (`DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`), a count of sends per dedupe key, and a relay
+//! configuration with a short lease.
+#![allow(dead_code)] // each test binary uses part of this module
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower_once_outbox::{Enqueued, Outbox, OutboxMessage, RelayConfig};
+use tower_once_retry::backoff::Backoff;
+
+pub(crate) fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A schema of its own, dropped (with `psql`, so it happens even after a panic) on drop.
+/// Its connections carry `application_name = <schema>`, so a test can kill exactly them.
+pub(crate) struct Schema {
+    pub(crate) name: String,
+    pub(crate) pool: PgPool,
+}
+
+impl Schema {
+    pub(crate) async fn new() -> Self {
+        Self::with_pool(8).await
+    }
+
+    pub(crate) async fn with_pool(max: u32) -> Self {
+        let name = format!("outbox_test_{}", fastrand::u64(..));
+        let admin = PgPool::connect(&database_url()).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let pool = Self::pool_for(&name, max, Duration::from_secs(30)).await;
+        Self { name, pool }
+    }
+
+    pub(crate) fn options(name: &str) -> PgConnectOptions {
+        PgConnectOptions::from_str(&database_url())
+            .unwrap()
+            .options([("search_path", name)])
+            .application_name(name)
+    }
+
+    pub(crate) async fn pool_for(name: &str, max: u32, acquire: Duration) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(acquire)
+            .connect_with(Self::options(name))
+            .await
+            .unwrap()
+    }
+
+    pub(crate) async fn outbox(&self) -> Outbox {
+        let outbox = Outbox::new(self.pool.clone());
+        outbox.migrate().await.unwrap();
+        outbox
+    }
+
+    /// Enqueues one `email` in a transaction of its own, committed.
+    pub(crate) async fn enqueue(&self, outbox: &Outbox, key: &str, payload: &str) -> Enqueued {
+        let mut tx = self.pool.begin().await.unwrap();
+        let done = outbox
+            .enqueue(&mut tx, "email", key, payload)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        done
+    }
+
+    pub(crate) async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
+    /// Kills every backend this schema's pools opened (as a Postgres restart or a failover
+    /// would), from a connection of its own.
+    pub(crate) async fn kill_connections(&self) -> i64 {
+        let admin = PgPool::connect(&database_url()).await.unwrap();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1",
+        )
+        .bind(&self.name)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        admin.close().await;
+        n
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .arg(database_url())
+            .args([
+                "-q",
+                "-c",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+            ])
+            .output();
+    }
+}
+
+/// Counts sends per dedupe key.
+#[derive(Clone, Default)]
+pub(crate) struct Sent(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Sent {
+    pub(crate) fn note(&self, m: &OutboxMessage) {
+        *self
+            .0
+            .lock()
+            .unwrap()
+            .entry(m.dedupe_key().to_owned())
+            .or_default() += 1;
+    }
+
+    pub(crate) fn of(&self, key: &str) -> usize {
+        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        self.0.lock().unwrap().values().sum()
+    }
+
+    pub(crate) fn keys_starting(&self, prefix: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .count()
+    }
+
+    /// The most sends of any one key.
+    pub(crate) fn max(&self) -> usize {
+        self.0.lock().unwrap().values().copied().max().unwrap_or(0)
+    }
+}
+
+/// A 1 s lease (sends cut at 800 ms) and a 1 ms backoff: failed rows are due again at once.
+pub(crate) fn quick() -> RelayConfig {
+    RelayConfig::new()
+        .lease(Duration::from_secs(1))
+        .send_timeout(Duration::from_millis(800))
+        .backoff(Backoff::new(Duration::from_millis(1), 1.0, Duration::from_millis(1)).unwrap())
+}
