@@ -1,15 +1,16 @@
 use crate::classify::{Action, Classify};
 use crate::error::{GiveUp, RetryError};
 use crate::hook::{OnRetry, RetryEvent};
-use crate::layer::Config;
+use crate::layer::SharedConfig;
 use crate::service::in_attempt;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, PoisonError};
+use std::sync::PoisonError;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
+use tower_once_core::time::saturating_add;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
@@ -21,10 +22,11 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future>,
-        // The operation's deadline, armed only once an attempt (or readiness) is pending: the
-        // layer ends the operation at its deadline whatever sits below it.
+        // One timer, armed only when needed: the operation's deadline while an attempt (or
+        // readiness) is pending, so the layer ends the operation at its deadline whatever sits
+        // below it; the wait before a retry while `Waiting` (which ends before the deadline).
         #[pin]
-        cutoff: Option<Sleep>,
+        timer: Option<Sleep>,
         operation: Option<Operation<S, Req, C, H>>,
     }
 }
@@ -33,7 +35,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         Calling { #[pin] future: F },
-        Waiting { #[pin] sleep: Sleep },
+        Waiting,
         Readying,
         Done,
     }
@@ -43,7 +45,7 @@ pin_project! {
 pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) service: S,
     pub(crate) request: Req,
-    pub(crate) config: Arc<Config<C, H>>,
+    pub(crate) config: SharedConfig<C, H>,
     pub(crate) deadline: Deadline,
     pub(crate) attempt: u32,
     /// Inside another retry layer's attempt: one attempt, bound by this layer's own deadline
@@ -62,7 +64,7 @@ where
     pub(crate) fn new(operation: Operation<S, Req, C, H>) -> Self {
         Self {
             state: State::Readying,
-            cutoff: None,
+            timer: None,
             operation: Some(operation),
         }
     }
@@ -163,12 +165,17 @@ where
                     // `oneshot`) sees the operation: see `service::in_attempt`.
                     let deadline = op.deadline;
                     let Poll::Ready(outcome) = in_attempt(deadline, || future.poll(cx)) else {
-                        return cut_off(this.cutoff.as_mut(), this.operation, this.state, cx);
+                        return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
                     };
                     match op.next_delay(&outcome) {
-                        Ok(delay) => this.state.set(State::Waiting {
-                            sleep: tokio::time::sleep(delay),
-                        }),
+                        Ok(delay) => {
+                            let until = saturating_add(Instant::now(), delay);
+                            match this.timer.as_mut().as_pin_mut() {
+                                Some(timer) => timer.reset(until),
+                                None => this.timer.set(Some(tokio::time::sleep_until(until))),
+                            }
+                            this.state.set(State::Waiting);
+                        }
                         Err(reason) => {
                             let attempts = op.attempt;
                             *this.operation = None;
@@ -179,13 +186,17 @@ where
                         }
                     }
                 }
-                StateProj::Waiting { sleep } => {
-                    ready!(sleep.poll(cx));
+                StateProj::Waiting => {
+                    if let Some(mut timer) = this.timer.as_mut().as_pin_mut() {
+                        ready!(timer.as_mut().poll(cx));
+                        // Back to guarding the deadline for the next attempt.
+                        timer.reset(op.deadline.instant());
+                    }
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
                     let Poll::Ready(ready) = op.service.poll_ready(cx) else {
-                        return cut_off(this.cutoff.as_mut(), this.operation, this.state, cx);
+                        return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
                     };
                     if let Err(e) = ready {
                         let attempts = op.attempt;

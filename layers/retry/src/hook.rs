@@ -21,10 +21,19 @@ pub struct RetryEvent<'a, Res, E> {
 /// Called before each retry's wait. Implemented for closures `Fn(&RetryEvent<'_, Res, E>)` and,
 /// as a no-op, for `()`.
 ///
+/// The layer clones its hook (and its classifier): once for each service it makes, and once
+/// for each of up to 8 worker threads, so that no call shares a reference count with calls on
+/// other cores. Keep anything a hook accumulates behind an `Arc`, as in the closure below.
+///
 /// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
 /// use tower_once_retry::hook::{OnRetry, RetryEvent};
 ///
-/// let log = |event: &RetryEvent<'_, u16, ()>| {
+/// let retries = Arc::new(AtomicU64::new(0));
+/// let counted = Arc::clone(&retries);
+/// let log = move |event: &RetryEvent<'_, u16, ()>| {
+///     counted.fetch_add(1, Ordering::Relaxed);
 ///     eprintln!("attempt {} got {:?}; retrying in {:?}", event.attempt, event.outcome, event.delay);
 /// };
 /// # let _ = log;

@@ -3,6 +3,7 @@ use crate::budget::RetryBudget;
 use crate::classify::RetryOnError;
 use crate::hook::{Stats, StatsSnapshot};
 use crate::service::Retry;
+use crate::shard::{Padded, PerThread};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +26,10 @@ use tower_layer::Layer;
 pub struct RetryLayer<C = RetryOnError, H = ()> {
     config: Config<C, H>,
 }
+
+/// What a response future holds of its layer: its thread's copy of the config (see
+/// [`PerThread`]).
+pub(crate) type SharedConfig<C, H> = Arc<Padded<Config<C, H>>>;
 
 #[derive(Clone)]
 pub(crate) struct Config<C, H> {
@@ -170,7 +175,7 @@ impl<S, C: Clone, H: Clone> Layer<S> for RetryLayer<C, H> {
     type Service = Retry<S, C, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::new(inner, Arc::new(self.config.clone()))
+        Retry::new(inner, PerThread::new(self.config.clone()))
     }
 }
 

@@ -2,9 +2,9 @@ use crate::classify::Classify;
 use crate::error::RetryError;
 use crate::future::{Operation, ResponseFuture};
 use crate::hook::OnRetry;
-use crate::layer::Config;
+use crate::layer::{Config, SharedConfig};
+use crate::shard::PerThread;
 use std::cell::Cell;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_once_timeout::Deadline;
@@ -13,11 +13,11 @@ use tower_service::Service;
 /// Middleware that retries failed calls; built by [`RetryLayer`](crate::RetryLayer).
 pub struct Retry<S, C = crate::classify::RetryOnError, H = ()> {
     inner: S,
-    config: Arc<Config<C, H>>,
+    config: PerThread<Config<C, H>>,
 }
 
 impl<S, C, H> Retry<S, C, H> {
-    pub(crate) fn new(inner: S, config: Arc<Config<C, H>>) -> Self {
+    pub(crate) fn new(inner: S, config: PerThread<Config<C, H>>) -> Self {
         Self { inner, config }
     }
 
@@ -36,7 +36,7 @@ impl<S: Clone, C, H> Clone for Retry<S, C, H> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
+            config: self.config.clone(),
         }
     }
 }
@@ -45,7 +45,7 @@ impl<S: std::fmt::Debug, C, H> std::fmt::Debug for Retry<S, C, H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Retry")
             .field("inner", &self.inner)
-            .field("config", &self.config)
+            .field("config", self.config.get())
             .finish()
     }
 }
@@ -87,7 +87,7 @@ pub(crate) struct InAttempt;
 pub(crate) fn start<S, Req, C, H>(
     service: S,
     req: Req,
-    config: Arc<Config<C, H>>,
+    config: SharedConfig<C, H>,
     outer: Option<Deadline>,
     nested: bool,
 ) -> ResponseFuture<S, Req, C, H>
@@ -150,7 +150,7 @@ where
         start(
             service,
             req,
-            Arc::clone(&self.config),
+            self.config.local(),
             Deadline::current(),
             nested,
         )

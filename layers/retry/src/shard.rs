@@ -2,7 +2,9 @@
 //! shared by all cores: each thread writes its own cache line; readers sum the shards.
 
 use std::cell::Cell;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// How many shards: threads beyond this share them (a tokio runtime rarely has more workers on
 /// the machines this targets, and sharing only brings back some contention).
@@ -28,6 +30,51 @@ pub(crate) fn index() -> usize {
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct Padded<T>(pub(crate) T);
+
+impl<T> Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// A value copied once per shard, each copy in an allocation of its own (cache-line aligned).
+/// A response future holds its thread's copy: taking and dropping that reference changes a
+/// count only that thread uses, where one `Arc` shared by every call would move its count's
+/// cache line between the cores on every call. The copies must behave as one: whatever they
+/// change, they share (behind `Arc`s of their own).
+#[derive(Debug)]
+pub(crate) struct PerThread<T> {
+    copies: Arc<[Arc<Padded<T>>; SHARDS]>,
+}
+
+impl<T: Clone> PerThread<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self {
+            copies: Arc::new(std::array::from_fn(|_| Arc::new(Padded(value.clone())))),
+        }
+    }
+}
+
+impl<T> PerThread<T> {
+    /// This thread's copy, to keep.
+    pub(crate) fn local(&self) -> Arc<Padded<T>> {
+        Arc::clone(&self.copies[index()])
+    }
+
+    /// This thread's copy, to read now.
+    pub(crate) fn get(&self) -> &T {
+        &self.copies[index()]
+    }
+}
+
+impl<T> Clone for PerThread<T> {
+    fn clone(&self) -> Self {
+        Self {
+            copies: Arc::clone(&self.copies),
+        }
+    }
+}
 
 /// A counter split over [`SHARDS`] cache lines.
 #[derive(Debug, Default)]

@@ -171,3 +171,90 @@ async fn absurd_durations_and_retry_after_values_never_panic() {
     // Either waited (capped) and retried, or gave up at once: never a panic.
     assert!(res.status() == StatusCode::OK || res.status() == StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// The layer keeps one timer for the deadline and the waits between attempts: after a wait, it
+/// must guard the deadline again, whether the timer was first armed by a pending attempt or by
+/// the wait.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_still_ends_a_hanging_attempt_after_a_wait() {
+    for first_pends in [false, true] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let svc = tower::service_fn(move |_req: u32| {
+            let call = counted.fetch_add(1, SeqCst);
+            async move {
+                match call {
+                    0 if first_pends => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Err("failed")
+                    }
+                    0 => Err("failed"),
+                    _ => std::future::pending::<Result<(), &str>>().await,
+                }
+            }
+        });
+        let svc = RetryLayer::new()
+            .no_budget()
+            .rng_seed(7)
+            .deadline(Duration::from_secs(5))
+            .layer(svc);
+        let started = tokio::time::Instant::now();
+        let err = svc.oneshot(1).await.unwrap_err();
+        assert!(err.is_deadline(), "{err}");
+        assert_eq!(calls.load(SeqCst), 2, "one retry after the wait");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(5),
+            "paused clock: exactly the deadline (first attempt pending: {first_pends})"
+        );
+    }
+}
+
+/// Calls on many threads reach their own thread's copy of the layer's settings; the copies must
+/// still share one set of counters and one budget.
+#[test]
+fn calls_on_many_threads_share_one_budget_and_one_set_of_counters() {
+    let failing = tower::service_fn(|_req: u32| async { Err::<(), _>("down") });
+    let layer = RetryLayer::new()
+        .max_attempts(2)
+        .backoff(
+            tower_once_retry::backoff::Backoff::new(
+                Duration::from_millis(1),
+                1.0,
+                Duration::from_millis(1),
+            )
+            .unwrap(),
+        )
+        // No floor: 10 % of the requests, across every thread.
+        .budget(tower_once_retry::budget::RetryBudget::new(
+            0.1,
+            0,
+            Duration::from_secs(60),
+        ));
+    let svc = layer.layer(failing);
+    let threads: Vec<_> = (0..12)
+        .map(|_| {
+            let svc = svc.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    for _ in 0..50 {
+                        let _ = svc.clone().oneshot(1).await;
+                    }
+                });
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let stats = layer.stats();
+    assert_eq!(stats.operations, 600, "{stats:?}");
+    // 10 % of 600 requests, give or take the budget's documented edge races.
+    assert!(
+        (50..=75).contains(&stats.retries),
+        "one budget for every thread: {stats:?}"
+    );
+    assert_eq!(stats.attempts, 600 + stats.retries, "{stats:?}");
+}

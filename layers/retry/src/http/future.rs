@@ -5,7 +5,7 @@ use super::service::call_once;
 use crate::classify::Classify;
 use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
-use crate::layer::Config;
+use crate::layer::SharedConfig;
 use crate::service::start;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -13,7 +13,6 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
 use tower_once_core::body::{Collected, Collector};
@@ -24,7 +23,7 @@ use tower_service::Service;
 pub(super) struct Pending<S, C, H> {
     pub(super) service: S,
     pub(super) template: ReplayRequest,
-    pub(super) config: Arc<Config<C, H>>,
+    pub(super) config: SharedConfig<C, H>,
     pub(super) limit: usize,
     pub(super) deadline: Deadline,
 }

@@ -6,8 +6,8 @@ use crate::budget::RetryBudget;
 use crate::classify::{HttpClassifier, HttpDefault};
 use crate::hook::StatsSnapshot;
 use crate::layer::Config;
+use crate::shard::PerThread;
 use crate::RetryLayer;
-use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
@@ -152,7 +152,7 @@ impl<S, C: Clone, H: Clone> Layer<S> for HttpRetryLayer<C, H> {
         let config = self.retry.config();
         HttpRetry {
             inner,
-            config: Arc::new(Config {
+            config: PerThread::new(Config {
                 settings: config.settings.clone(),
                 classifier: HttpDefault::new(
                     config.classifier.clone(),

@@ -8,10 +8,10 @@ use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
 use crate::layer::Config;
 use crate::service::{in_attempt, is_nested, start, InAttempt};
+use crate::shard::PerThread;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body::Body;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_once_core::time::saturating_add;
 use tower_once_timeout::Deadline;
@@ -20,7 +20,7 @@ use tower_service::Service;
 /// Middleware built by [`HttpRetryLayer`](super::HttpRetryLayer).
 pub struct HttpRetry<S, C = HttpClassifier, H = ()> {
     pub(super) inner: S,
-    pub(super) config: Arc<Config<HttpDefault<C>, H>>,
+    pub(super) config: PerThread<Config<HttpDefault<C>, H>>,
     pub(super) body_limit: usize,
     pub(super) stamp: bool,
 }
@@ -29,7 +29,7 @@ impl<S: Clone, C, H> Clone for HttpRetry<S, C, H> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
+            config: self.config.clone(),
             body_limit: self.body_limit,
             stamp: self.stamp,
         }
@@ -72,7 +72,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let deadline = operation_deadline(&self.config, &req);
+        let deadline = operation_deadline(self.config.get(), &req);
         if is_nested() || req.extensions().get::<InAttempt>().is_some() {
             // One attempt, still bound by this layer's own deadline when it is the shorter.
             tracing::trace!("nested RetryLayer: one attempt, the outer one retries");
@@ -92,7 +92,7 @@ where
         let service = std::mem::replace(&mut self.inner, clone);
         if !is_safe(&req) {
             tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
-            let stats = &self.config.settings.stats;
+            let stats = &self.config.get().settings.stats;
             stats.operation();
             stats.attempt();
             return ResponseFuture::once(
@@ -109,7 +109,7 @@ where
             extensions: parts.extensions,
             body: Bytes::new(),
         };
-        let config = Arc::clone(&self.config);
+        let config = self.config.local();
         if body.is_end_stream() {
             return ResponseFuture::retrying(start(
                 Rebuild::new(service),
