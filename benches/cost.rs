@@ -48,6 +48,72 @@ async fn create(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], 
     )
 }
 
+/// Answers the heap bytes live while it runs: what a request holds in flight.
+async fn probe(body: Bytes) -> String {
+    let live = dhat::HeapStats::get().curr_bytes;
+    drop(body);
+    live.to_string()
+}
+
+/// Heap bytes a request holds while its handler runs, counted from just before the call (the
+/// request's own allocations included, so the bare figure can be below zero).
+async fn in_flight(router: &Router, key: &str, body: &Bytes) -> i64 {
+    let req = Request::post("/probe")
+        .header("idempotency-key", key)
+        .body(Body::from(body.clone()))
+        .expect("static request parts are valid");
+    let before = dhat::HeapStats::get().curr_bytes as i64;
+    let res = ServiceExt::<Request<Body>>::oneshot(router.clone(), req)
+        .await
+        .expect("router is infallible");
+    let body = res.into_body().collect().await.expect("in-memory body");
+    let live: i64 = std::str::from_utf8(&body.to_bytes())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("the probe answers a number");
+    live - before
+}
+
+/// Prints what a covered request holds while its handler runs (over the same request without
+/// the layer), and what each stored record keeps, in heap bytes.
+fn memory(rt: &tokio::runtime::Runtime) {
+    let bare = Router::new().route("/probe", post(probe)).with_state(());
+    let layered = Router::new()
+        .route("/probe", post(probe))
+        .layer(IdempotencyLayer::new())
+        .with_state(());
+    let _profiler = dhat::Profiler::builder().testing().build();
+    rt.block_on(async {
+        for (label, size) in [("1 KiB", 1024), ("64 KiB", 64 * 1024)] {
+            let body = Bytes::from(vec![b'a'; size]);
+            // Warm both (first-time allocations).
+            in_flight(&bare, "w", &body).await;
+            in_flight(&layered, &format!("w-{size}"), &body).await;
+            let bare_bytes = in_flight(&bare, "b", &body).await;
+            let layered_bytes = in_flight(&layered, &format!("l-{size}"), &body).await;
+            println!(
+                "in flight, {label} body: the layer holds {} B more than the bare handler \
+                 ({layered_bytes} B against {bare_bytes} B)",
+                layered_bytes - bare_bytes
+            );
+        }
+        let body = Bytes::from(vec![b'a'; 1024]);
+        const N: usize = 10_000;
+        let before = dhat::HeapStats::get().curr_bytes;
+        for i in 0..N {
+            let mut req = request(&format!("m-{i}"), &body);
+            *req.uri_mut() = http::Uri::from_static("/probe");
+            call(&layered, req).await;
+        }
+        let after = dhat::HeapStats::get().curr_bytes;
+        println!(
+            "stored record (memory store, {N} records, a response of a few bytes and one \
+             header): {} B each",
+            (after - before) / N
+        );
+    });
+}
+
 fn request(key: &str, body: &Bytes) -> Request<Body> {
     Request::post("/charges")
         .header("idempotency-key", key)
@@ -211,6 +277,11 @@ fn main() {
         // One case, uncounted: for callgrind (benches/callgrind.sh).
         let n = n.parse().expect("a request count");
         rt.block_on(run(case, n, &routers));
+        return;
+    }
+    if let [mode] = args.as_slice() {
+        assert_eq!(mode, "memory", "usage: memory | CASE N | profile CASE N");
+        memory(&rt);
         return;
     }
     const N: u64 = 1000;

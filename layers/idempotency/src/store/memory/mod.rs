@@ -222,13 +222,9 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(&key);
         shard.purge_expired(now);
-        let Some((fingerprint, scope)) = shard
-            .owned_by(&key, token)
-            .map(|e| (e.fingerprint, e.scope))
-        else {
+        let Some(scope) = shard.owned_by(&key, token).map(|e| e.scope) else {
             return false;
         };
-        shard.remove(&key);
         let mut state = match completion {
             Completion::Response(response) => State::Completed(Arc::new(response)),
             Completion::NotReplayable => State::NotReplayable,
@@ -240,6 +236,7 @@ impl MemoryStore {
         if size > self.inner.max_bytes_per_shard {
             state = State::NotReplayable;
         }
+        // Victims are completed records, never this claim in progress.
         while shard.bytes + state.size() > self.inner.max_bytes_per_shard {
             match shard.victim(scope, |u| u.bytes, |u| &u.replayable) {
                 Some(victim) => drop(shard.remove(&victim)),
@@ -249,16 +246,7 @@ impl MemoryStore {
                 }
             }
         }
-        shard.insert(
-            key,
-            Entry {
-                fingerprint,
-                scope,
-                expires_at: saturating_add(now, retention),
-                state,
-            },
-        );
-        true
+        shard.complete(&key, state, saturating_add(now, retention))
     }
 
     fn do_release(&self, key: StoreKey, token: ClaimToken) -> bool {

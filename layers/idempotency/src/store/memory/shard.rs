@@ -71,6 +71,31 @@ impl Shard {
         self.map.insert(key, entry);
     }
 
+    /// Turns the claim in progress under `key` into a completed record in place: one lookup
+    /// instead of removing and inserting it. `false` if `key` holds no claim in progress.
+    pub(super) fn complete(&mut self, key: &StoreKey, state: State, expires_at: Instant) -> bool {
+        let Some(entry) = self.map.get_mut(key) else {
+            return false;
+        };
+        if !matches!(entry.state, State::InProgress { .. }) {
+            return false;
+        }
+        let size = state.size();
+        let lease_end = std::mem::replace(&mut entry.expires_at, expires_at);
+        entry.state = state;
+        let scope = entry.scope;
+        self.leases.remove(&(lease_end, *key));
+        self.completed.insert((expires_at, *key));
+        self.bytes += size;
+        let usage = self.scopes.entry(scope).or_default();
+        usage.bytes += size;
+        usage.completed.insert((expires_at, *key));
+        if size > 0 {
+            usage.replayable.insert((expires_at, *key));
+        }
+        true
+    }
+
     pub(super) fn remove(&mut self, key: &StoreKey) -> Option<Entry> {
         let entry = self.map.remove(key)?;
         let size = entry.state.size();
