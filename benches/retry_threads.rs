@@ -7,6 +7,12 @@
 //! ```sh
 //! cargo bench --bench retry_threads --features retry     # CALLS=2000000 by default
 //! ```
+//!
+//! `ONLY=once` (or `resilience`, `none`) runs one service alone, 1 thread, for a profiler:
+//!
+//! ```sh
+//! ONLY=once perf record -e cpu-clock -g target/release/deps/retry_threads-*
+//! ```
 
 use std::time::{Duration, Instant};
 use tower::{Layer, Service, ServiceExt};
@@ -77,6 +83,16 @@ fn main() {
         .exponential_backoff(Duration::from_millis(500))
         .build()
         .layer(inner());
+    if let Ok(only) = std::env::var("ONLY") {
+        let rate = match only.as_str() {
+            "once" => run(1, calls, once),
+            "resilience" => run(1, calls, resilience),
+            "none" => run(1, calls, inner()),
+            other => panic!("ONLY is one of once, resilience, none; not {other}"),
+        };
+        println!("{only}: {:.2} M calls per second, 1 thread", rate / 1e6);
+        return;
+    }
     println!("calls per second, {calls} calls per run, median of 5 interleaved rounds");
     println!();
     println!("| service | 1 thread | 2 threads | 2 / 1 |");
