@@ -24,6 +24,9 @@
 //! LOAD_SECS=5 LOAD_ROUNDS=5 LOAD_CONNS=64 cargo bench --bench http_load --features redis
 //! ```
 //!
+//! `LOAD_PROFILE=memory_fresh` (or `bare`, `memory_replay`, `redis_fresh`, `redis_replay`,
+//! `raw_script`) runs that row alone once, for a profiler.
+//!
 //! Settings (environment): `LOAD_SECS` seconds per row and round (default 3), `LOAD_ROUNDS`
 //! (default 3), `LOAD_CONNS` concurrent connections, and concurrent script callers on the raw
 //! row (default 32), `LOAD_CLIENT_THREADS` load generator threads (default 2; the server has 2).
@@ -125,6 +128,18 @@ impl Row {
             Row::RedisFresh => "Redis store, fresh key",
             Row::RedisReplay => "Redis store, replay",
             Row::RawScript => "claim script sent directly (no HTTP)",
+        }
+    }
+
+    /// The row's name for `LOAD_PROFILE`.
+    fn name(self) -> &'static str {
+        match self {
+            Row::Bare => "bare",
+            Row::MemoryFresh => "memory_fresh",
+            Row::MemoryReplay => "memory_replay",
+            Row::RedisFresh => "redis_fresh",
+            Row::RedisReplay => "redis_replay",
+            Row::RawScript => "raw_script",
         }
     }
 
@@ -544,6 +559,24 @@ fn main() {
         redis.port,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
+    if let Ok(name) = std::env::var("LOAD_PROFILE") {
+        // One row alone for LOAD_SECS, for a profiler (`perf record -e cpu-clock -g`, then
+        // `perf report --comm load-server` for the server's threads).
+        let row = ROWS
+            .into_iter()
+            .find(|row| row.name() == name)
+            .unwrap_or_else(|| panic!("LOAD_PROFILE is one of {:?}", ROWS.map(Row::name)));
+        let sample = bench.sample(row, 0, &redis);
+        println!(
+            "{}: {:.0} req/s, server CPU {} µs/request",
+            row.label(),
+            sample.per_sec,
+            sample
+                .server_cpu_us
+                .map_or_else(|| "?".to_owned(), |us| format!("{us:.1}"))
+        );
+        return;
+    }
     // A short warm-up of every row (allocator, connection pools, Redis script cache), discarded.
     for row in ROWS {
         bench.run(row, usize::MAX, Duration::from_millis(500));

@@ -175,28 +175,37 @@ impl MemoryStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
+        // A record evicted to make room is dropped after the lock is released.
+        let mut evicted = None;
         let now = Instant::now();
         let mut shard = self.shard(&key);
         shard.purge_expired(now);
         if let Some(entry) = shard.map.get(&key) {
+            let fingerprint = entry.fingerprint;
             let state = match &entry.state {
                 State::InProgress { .. } => RecordState::InProgress {
                     lease_remaining: entry.expires_at.saturating_duration_since(now),
                 },
-                State::Completed(response) => {
-                    RecordState::Completed(StoredResponse::clone(response))
+                State::Completed { response, .. } => {
+                    // The response (header map and all) is copied after the lock is released.
+                    let response = Arc::clone(response);
+                    drop(shard);
+                    return Ok(ClaimOutcome::Existing(ExistingRecord {
+                        fingerprint,
+                        state: RecordState::Completed(StoredResponse::clone(&response)),
+                    }));
                 }
                 State::NotReplayable => RecordState::NotReplayable,
             };
             return Ok(ClaimOutcome::Existing(ExistingRecord {
-                fingerprint: entry.fingerprint,
+                fingerprint,
                 state,
             }));
         }
         let scope = key.scope_tag();
         if shard.map.len() >= self.inner.max_entries_per_shard {
             match shard.victim(scope, |u| u.entries, |u| &u.completed) {
-                Some(victim) => drop(shard.remove(&victim)),
+                Some(victim) => evicted = shard.remove(&victim),
                 None => return Err(StoreError::full()),
             }
         }
@@ -209,6 +218,8 @@ impl MemoryStore {
                 state: State::InProgress { token },
             },
         );
+        drop(shard);
+        drop(evicted);
         Ok(ClaimOutcome::Claimed)
     }
 
@@ -219,21 +230,21 @@ impl MemoryStore {
         completion: Completion,
         retention: Duration,
     ) -> bool {
+        // Sized and allocated before the lock is taken.
+        let mut state = match completion {
+            Completion::Response(response) => State::completed(response),
+            Completion::NotReplayable => State::NotReplayable,
+        };
         let now = Instant::now();
         let mut shard = self.shard(&key);
         shard.purge_expired(now);
         let Some(scope) = shard.owned_by(&key, token).map(|e| e.scope) else {
             return false;
         };
-        let mut state = match completion {
-            Completion::Response(response) => State::Completed(Arc::new(response)),
-            Completion::NotReplayable => State::NotReplayable,
-        };
-        let size = state.size();
         // NOTE: the handler already ran; keeping the key (without its response) is what
         // guarantees a duplicate never runs it again. A response that cannot fit even in an
         // empty shard evicts nothing.
-        if size > self.inner.max_bytes_per_shard {
+        if state.size() > self.inner.max_bytes_per_shard {
             state = State::NotReplayable;
         }
         // Victims are completed records, never this claim in progress.

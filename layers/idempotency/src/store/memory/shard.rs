@@ -37,15 +37,28 @@ pub(super) struct Entry {
 }
 
 pub(super) enum State {
-    InProgress { token: ClaimToken },
-    Completed(Arc<StoredResponse>),
+    InProgress {
+        token: ClaimToken,
+    },
+    // `size` is the response's approximate size, counted once: every index update needs it.
+    Completed {
+        response: Arc<StoredResponse>,
+        size: usize,
+    },
     NotReplayable,
 }
 
 impl State {
+    pub(super) fn completed(response: StoredResponse) -> Self {
+        State::Completed {
+            size: response.approximate_size(),
+            response: Arc::new(response),
+        }
+    }
+
     pub(super) fn size(&self) -> usize {
         match self {
-            State::Completed(response) => response.approximate_size(),
+            State::Completed { size, .. } => *size,
             State::InProgress { .. } | State::NotReplayable => 0,
         }
     }
