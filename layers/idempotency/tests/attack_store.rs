@@ -150,7 +150,10 @@ async fn multi_shard_flood_evicts_only_the_flooder() {
 /// claims are all in progress ties with a bystander for "the scope that holds the most"; the
 /// tie goes to "one with something to give", so the *flooder's* new claim evicts the
 /// bystander's completed payment. The docs promise "a tenant flooding the store with fresh keys
-/// only ever evicts its own records, never another tenant's completed payment".
+/// only ever evicts its own records, never another tenant's completed payment". (Breaking the
+/// tie toward the claimer would not be enough: with A at 4 claims and B at 5 records, B is
+/// strictly the largest and pays by the documented rule; the promise needs the claimer never
+/// to evict another scope while its own records are all in progress, or weaker docs.)
 #[tokio::test(start_paused = true)]
 async fn an_in_progress_flood_at_parity_never_evicts_a_bystanders_payment() {
     let store = MemoryStore::builder().max_entries(10).build();
