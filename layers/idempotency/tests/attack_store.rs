@@ -145,3 +145,40 @@ async fn multi_shard_flood_evicts_only_the_flooder() {
         assert_eq!(state(&store, *v).await, "completed");
     }
 }
+
+/// BREAKS (pre-existing, `Shard::victim`'s tie rule, not the in-place complete): a tenant whose
+/// claims are all in progress ties with a bystander for "the scope that holds the most"; the
+/// tie goes to "one with something to give", so the *flooder's* new claim evicts the
+/// bystander's completed payment. The docs promise "a tenant flooding the store with fresh keys
+/// only ever evicts its own records, never another tenant's completed payment". (Breaking the
+/// tie toward the claimer would not be enough: with A at 4 claims and B at 5 records, B is
+/// strictly the largest and pays by the documented rule; the promise needs the claimer never
+/// to evict another scope while its own records are all in progress, or weaker docs.)
+#[tokio::test(start_paused = true)]
+async fn an_in_progress_flood_at_parity_never_evicts_a_bystanders_payment() {
+    let store = MemoryStore::builder().max_entries(10).build();
+    let mut payments = Vec::new();
+    for n in 0..5 {
+        let k = key(10 + n, b"tenant-b");
+        let t = claim(&store, k).await;
+        assert!(store.complete(k, t, response(10), DAY).await.unwrap());
+        payments.push(k);
+    }
+    // Tenant A floods with fresh keys whose handlers hang: 5 claims fill the store...
+    for n in 0..5 {
+        claim(&store, key(20 + n, b"tenant-a")).await;
+    }
+    // ...and its next fresh keys must be refused (A has nothing of its own to give).
+    for n in 5..8 {
+        let _ = store
+            .claim(key(20 + n, b"tenant-a"), ClaimToken::new(), FP, LEASE)
+            .await;
+    }
+    for p in &payments {
+        assert_eq!(
+            state(&store, *p).await,
+            "completed",
+            "tenant A's flood of claims evicted tenant B's completed payment"
+        );
+    }
+}

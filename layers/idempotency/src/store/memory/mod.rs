@@ -532,4 +532,297 @@ mod tests {
         assert!(store.do_complete(key(1), t, response(1), Duration::MAX));
         assert!(is_completed(&store, key(1)));
     }
+
+    /// A small deterministic xorshift generator: random sequences without a new dependency.
+    struct XorShift(u64);
+
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Keys in pairs that differ only in their last 16 bytes (one hash, two records), over
+    /// three scopes and (with several shards) more than one shard.
+    fn pool_key(i: usize) -> StoreKey {
+        let mut bytes = [0xab; 32];
+        bytes[0] = (i / 2) as u8;
+        bytes[16..].fill(0x10 + (i % 2) as u8);
+        StoreKey::from_bytes(bytes).with_scope([&b"a"[..], b"b", b"c"][i % 3])
+    }
+
+    fn check_all(store: &MemoryStore, context: &str) {
+        for shard in store.inner.shards.iter() {
+            lock(shard).check_invariants(
+                store.inner.max_entries_per_shard,
+                store.inner.max_bytes_per_shard,
+                context,
+            );
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Model {
+        Absent,
+        Held {
+            token: ClaimToken,
+            lease_end: Instant,
+        },
+        Done {
+            expires: Instant,
+            replayable: bool,
+        },
+    }
+
+    /// Runs `steps` random claim / complete / release / extend / expiry steps against `store`,
+    /// checking after each one that the shard indices and byte counts agree with `map`, and
+    /// against a model: a live claim is never lost (evicted), a stale or foreign token never
+    /// writes, a completed record never outlives its retention, and what is found is what was
+    /// written.
+    async fn random_sequence(store: MemoryStore, seed: u64, steps: usize) {
+        // With room for every key, the entry bound never evicts: a record can only go by
+        // expiry, or (one holding bytes) for the byte bound.
+        const KEYS: usize = 24;
+        let roomy = store.inner.max_entries_per_shard >= KEYS;
+        let mut rng = XorShift(seed);
+        let mut model = [Model::Absent; KEYS];
+        let mut stale: Vec<(usize, ClaimToken)> = Vec::new();
+        for step in 0..steps {
+            let i = rng.below(KEYS);
+            let key = pool_key(i);
+            let now = Instant::now();
+            let op = rng.below(9);
+            let context = format!("seed {seed} step {step} op {op} key {i}");
+            match op {
+                0 | 1 => {
+                    let token = ClaimToken::new();
+                    let lease = Duration::from_secs([5, 30][rng.below(2)]);
+                    match store.do_claim(key, token, FP, lease) {
+                        Ok(ClaimOutcome::Claimed) => {
+                            match model[i] {
+                                Model::Held { lease_end, .. } => assert!(
+                                    lease_end <= now,
+                                    "{context}: a live claim was lost (evicted or dropped)"
+                                ),
+                                Model::Done {
+                                    expires,
+                                    replayable: false,
+                                } if roomy => assert!(
+                                    expires <= now,
+                                    "{context}: a zero-byte record was evicted before its retention"
+                                ),
+                                Model::Done { .. } | Model::Absent => {}
+                            }
+                            if let Model::Held { token: old, .. } = model[i] {
+                                stale.push((i, old));
+                            }
+                            model[i] = Model::Held {
+                                token,
+                                lease_end: saturating_add(now, lease),
+                            };
+                        }
+                        Ok(ClaimOutcome::Existing(record)) => match (model[i], record.state) {
+                            (Model::Held { lease_end, .. }, RecordState::InProgress { .. }) => {
+                                assert!(lease_end > now, "{context}: an expired lease is kept")
+                            }
+                            (
+                                Model::Done {
+                                    expires,
+                                    replayable,
+                                },
+                                state,
+                            ) => {
+                                assert!(
+                                    expires > now,
+                                    "{context}: a completed record outlived its retention"
+                                );
+                                match state {
+                                    RecordState::Completed(_) => assert!(replayable, "{context}"),
+                                    RecordState::NotReplayable => {
+                                        assert!(!replayable, "{context}")
+                                    }
+                                    RecordState::InProgress { .. } => {
+                                        panic!("{context}: completed record is in progress")
+                                    }
+                                }
+                            }
+                            (m, state) => panic!("{context}: model {m:?}, store {state:?}"),
+                        },
+                        Err(e) => {
+                            assert!(e.is_full(), "{context}: {e:?}");
+                            if let Model::Held { lease_end, .. } = model[i] {
+                                assert!(lease_end <= now, "{context}: own live claim refused");
+                            }
+                        }
+                    }
+                }
+                2 | 3 => {
+                    let Model::Held { token, lease_end } = model[i] else {
+                        // A token that never claimed this key never completes it.
+                        let completed = store.do_complete(key, ClaimToken::new(), response(1), DAY);
+                        assert!(!completed, "{context}: a foreign token completed a record");
+                        continue;
+                    };
+                    let completion = match rng.below(5) {
+                        0 => Completion::NotReplayable,
+                        1 => response(10),
+                        2 => response(200),
+                        3 => response(700),
+                        _ => response(5_000),
+                    };
+                    let retention = Duration::from_secs([0, 1, 20, 60, 300][rng.below(5)]);
+                    let done = store.do_complete(key, token, completion, retention);
+                    assert_eq!(done, lease_end > now, "{context}: complete (lease live?)");
+                    if done {
+                        let replayable = {
+                            let shard = store.shard(&key);
+                            let entry = shard.map.get(&key).expect("just completed");
+                            assert_eq!(
+                                entry.expires_at,
+                                saturating_add(now, retention),
+                                "{context}: retention"
+                            );
+                            match entry.state {
+                                State::Completed(_) => true,
+                                State::NotReplayable => false,
+                                State::InProgress { .. } => panic!("{context}: still a claim"),
+                            }
+                        };
+                        model[i] = Model::Done {
+                            expires: saturating_add(now, retention),
+                            replayable,
+                        };
+                    } else {
+                        model[i] = Model::Absent;
+                    }
+                }
+                4 => {
+                    if let Model::Held { token, lease_end } = model[i] {
+                        let released = store.do_release(key, token);
+                        assert_eq!(released, lease_end > now, "{context}: release");
+                        model[i] = Model::Absent;
+                    }
+                }
+                5 => {
+                    if let Model::Held { token, lease_end } = model[i] {
+                        let lease = Duration::from_secs([5, 30][rng.below(2)]);
+                        let extended = store.do_extend(key, token, lease);
+                        assert_eq!(extended, lease_end > now, "{context}: extend");
+                        if extended {
+                            model[i] = Model::Held {
+                                token,
+                                lease_end: saturating_add(now, lease),
+                            };
+                        } else {
+                            model[i] = Model::Absent;
+                        }
+                    }
+                }
+                6 => {
+                    // A claimer whose lease expired and whose key was taken over is fenced.
+                    if let Some(&(j, old)) = stale.get(rng.below(stale.len().max(1))) {
+                        let key = pool_key(j);
+                        assert!(!store.do_extend(key, old, LEASE), "{context}: stale extend");
+                        assert!(
+                            !store.do_complete(key, old, response(10), DAY),
+                            "{context}: stale complete"
+                        );
+                        assert!(!store.do_release(key, old), "{context}: stale release");
+                    }
+                }
+                _ => {
+                    let ms = [0, 500, 1_000, 4_999, 5_000, 10_000, 31_000][rng.below(7)];
+                    tokio::time::advance(Duration::from_millis(ms)).await;
+                }
+            }
+            check_all(&store, &context);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn random_sequences_keep_every_index_and_count_in_step_with_the_map() {
+        for seed in 1..=8u64 {
+            // One shard, bounds hit constantly.
+            let small = MemoryStore::builder()
+                .max_entries(8)
+                .max_bytes(1_000)
+                .build();
+            random_sequence(small, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 4_000).await;
+            // Room for every key; only the byte bound and expiry act.
+            let roomy = MemoryStore::builder()
+                .max_entries(64)
+                .max_bytes(3_000)
+                .build();
+            random_sequence(roomy, seed.wrapping_mul(0x2545_f491_4f6c_dd1d), 4_000).await;
+            // Two shards.
+            let sharded = MemoryStore::builder()
+                .max_entries(512)
+                .max_bytes(2_000)
+                .build();
+            assert_eq!(sharded.inner.shards.len(), 2);
+            random_sequence(sharded, seed.wrapping_mul(0x1234_5678_9abc_def1) | 1, 4_000).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_differing_only_in_their_last_16_bytes_are_two_records() {
+        let store = MemoryStore::builder()
+            .max_entries(10)
+            .max_bytes(10_000)
+            .build();
+        let (a, b) = (pool_key(0), pool_key(1));
+        assert_eq!(a.as_bytes()[..16], b.as_bytes()[..16]);
+        assert_ne!(a, b);
+        let ta = claimed(&store, a);
+        let tb = claimed(&store, b);
+        assert!(
+            !store.do_complete(a, tb, response(10), DAY),
+            "b's token on a"
+        );
+        assert!(store.do_complete(a, ta, response(10), DAY));
+        match store.do_claim(b, ClaimToken::new(), FP, LEASE) {
+            Ok(ClaimOutcome::Existing(r)) => {
+                assert!(matches!(r.state, RecordState::InProgress { .. }))
+            }
+            other => panic!("b is still a claim, got {other:?}"),
+        }
+        assert!(store.do_extend(b, tb, DAY));
+        assert!(store.do_complete(b, tb, Completion::NotReplayable, LEASE));
+        assert!(is_completed(&store, a));
+        check_all(&store, "after both completed");
+        assert_eq!(store.len(), 2);
+    }
+
+    /// `Shard::complete` changes the record in place: its expiry must move from the (extended)
+    /// lease to the retention in both indices, and the old claimer, once taken over, is fenced.
+    #[tokio::test(start_paused = true)]
+    async fn extend_then_complete_expires_at_the_retention_not_the_lease() {
+        let store = MemoryStore::builder()
+            .max_entries(10)
+            .max_bytes(10_000)
+            .build();
+        let t = claimed(&store, key(1));
+        assert!(store.do_extend(key(1), t, DAY));
+        assert!(store.do_complete(key(1), t, response(100), Duration::from_secs(5)));
+        check_all(&store, "completed");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let t2 = claimed(&store, key(1));
+        check_all(&store, "reclaimed after retention");
+        assert!(!store.do_complete(key(1), t, response(1), DAY), "old token");
+        // The second claimer's lease runs out; a third takes over: the second is fenced.
+        tokio::time::advance(LEASE).await;
+        let t3 = claimed(&store, key(1));
+        assert!(!store.do_extend(key(1), t2, LEASE));
+        assert!(!store.do_complete(key(1), t2, response(1), DAY));
+        assert!(!store.do_release(key(1), t2));
+        assert!(store.do_complete(key(1), t3, response(1), DAY));
+        check_all(&store, "third claimer completed");
+        assert_eq!(lock(&store.inner.shards[0]).bytes, 65);
+    }
 }

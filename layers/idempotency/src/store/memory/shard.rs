@@ -179,3 +179,74 @@ impl Shard {
         }
     }
 }
+
+#[cfg(test)]
+impl Shard {
+    /// Recomputes every index and count from `map` and panics, naming what disagrees, when the
+    /// shard's bookkeeping does not match its records (test-only).
+    pub(super) fn check_invariants(&self, max_entries: usize, max_bytes: usize, context: &str) {
+        let mut leases = BTreeSet::new();
+        let mut completed = BTreeSet::new();
+        let mut bytes = 0;
+        let mut scopes: HashMap<u64, (usize, usize, BTreeSet<_>, BTreeSet<_>)> = HashMap::new();
+        for (key, entry) in &self.map {
+            let size = entry.state.size();
+            bytes += size;
+            let usage = scopes.entry(entry.scope).or_default();
+            usage.0 += 1;
+            usage.1 += size;
+            match entry.state {
+                State::InProgress { .. } => {
+                    leases.insert((entry.expires_at, *key));
+                }
+                _ => {
+                    completed.insert((entry.expires_at, *key));
+                    usage.2.insert((entry.expires_at, *key));
+                    if size > 0 {
+                        usage.3.insert((entry.expires_at, *key));
+                    }
+                }
+            }
+        }
+        assert!(
+            self.leases == leases,
+            "{context}: `leases` disagrees with `map`"
+        );
+        assert!(
+            self.completed == completed,
+            "{context}: `completed` disagrees with `map`"
+        );
+        assert_eq!(self.bytes, bytes, "{context}: `bytes` disagrees with `map`");
+        let mut tags: Vec<_> = self.scopes.keys().copied().collect();
+        let mut expected: Vec<_> = scopes.keys().copied().collect();
+        tags.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(
+            tags, expected,
+            "{context}: `scopes` holds other scopes than `map`"
+        );
+        for (tag, (entries, bytes, completed, replayable)) in scopes {
+            let usage = &self.scopes[&tag];
+            assert_eq!(usage.entries, entries, "{context}: scope {tag} `entries`");
+            assert_eq!(usage.bytes, bytes, "{context}: scope {tag} `bytes`");
+            assert!(
+                usage.completed == completed,
+                "{context}: scope {tag} `completed` disagrees with `map`"
+            );
+            assert!(
+                usage.replayable == replayable,
+                "{context}: scope {tag} `replayable` disagrees with `map`"
+            );
+        }
+        assert!(
+            self.map.len() <= max_entries,
+            "{context}: {} entries over the bound {max_entries}",
+            self.map.len()
+        );
+        assert!(
+            self.bytes <= max_bytes,
+            "{context}: {} bytes over the bound {max_bytes}",
+            self.bytes
+        );
+    }
+}
