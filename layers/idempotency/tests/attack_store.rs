@@ -146,14 +146,12 @@ async fn multi_shard_flood_evicts_only_the_flooder() {
     }
 }
 
-/// BREAKS (pre-existing, `Shard::victim`'s tie rule, not the in-place complete): a tenant whose
-/// claims are all in progress ties with a bystander for "the scope that holds the most"; the
-/// tie goes to "one with something to give", so the *flooder's* new claim evicts the
-/// bystander's completed payment. The docs promise "a tenant flooding the store with fresh keys
-/// only ever evicts its own records, never another tenant's completed payment". (Breaking the
-/// tie toward the claimer would not be enough: with A at 4 claims and B at 5 records, B is
-/// strictly the largest and pays by the documented rule; the promise needs the claimer never
-/// to evict another scope while its own records are all in progress, or weaker docs.)
+/// Was broken by `Shard::victim`'s tie rule: a tenant whose claims are all in progress tied
+/// with a bystander for "the scope that holds the most", the tie went to "one with something
+/// to give", and the flooder's new claim evicted the bystander's completed payment. The
+/// claimer now counts as the largest whenever it holds as much as any other scope: it pays
+/// with its own records or is refused. (A tenant holding strictly less than another may still
+/// take room from the larger one: that is the documented "largest pays" share.)
 #[tokio::test(start_paused = true)]
 async fn an_in_progress_flood_at_parity_never_evicts_a_bystanders_payment() {
     let store = MemoryStore::builder().max_entries(10).build();

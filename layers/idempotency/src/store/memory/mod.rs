@@ -31,12 +31,14 @@ use tower_once_core::time::saturating_add;
 /// record its place.
 ///
 /// **Fair between scopes.** When room must be made, the [scope](crate::scope) that holds the
-/// most (entries, or bytes for the byte bound) pays with its oldest completed record; if it
-/// has none to give (only claims in progress), the claimer pays with one of its own, and gets
-/// [`StoreError::full`] (`503`) when it has none either — never a bystander. So a tenant flooding the store with
-/// fresh keys only ever evicts its own records, never another tenant's completed payment. The
-/// rule applies per shard; finding the largest scope costs a scan of the shard's scopes, paid
-/// only when the store is full.
+/// most (entries, or bytes for the byte bound) pays with its oldest completed record; the
+/// claimer's own scope counts as that scope whenever it holds as much as any other. If the
+/// scope that pays has nothing to give (only claims in progress), the claimer pays with one of
+/// its own, and gets [`StoreError::full`] (`503`) when it has none either — never a bystander.
+/// So a tenant flooding the store with fresh keys can take room only from tenants holding more
+/// than it; once it holds as much as any other, it evicts only its own records (or is refused),
+/// never another tenant's completed payment. The rule applies per shard; finding the largest
+/// scope costs a scan of the shard's scopes, paid only when the store is full.
 ///
 /// Time is read from tokio's clock ([`tokio::time::Instant`]), so tests with paused time can
 /// expire leases and retention with `tokio::time::advance`.
@@ -689,7 +691,7 @@ mod tests {
                                 "{context}: retention"
                             );
                             match entry.state {
-                                State::Completed(_) => true,
+                                State::Completed { .. } => true,
                                 State::NotReplayable => false,
                                 State::InProgress { .. } => panic!("{context}: still a claim"),
                             }

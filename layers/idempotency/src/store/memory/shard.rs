@@ -135,6 +135,8 @@ impl Shard {
     /// The record to evict to make room for `claimer`: the oldest evictable record of the
     /// scope that holds the most (by `weight`), or else the claimer's own oldest. `None` if
     /// neither has one: the claimer is refused rather than a bystander paying for it.
+    /// The claimer counts as the largest when it holds as much as any other scope, so a scope
+    /// whose claims are all in progress never makes an equal pay for it.
     /// `pool` picks which of a scope's records are evictable (all completed ones for an
     /// entry, those holding bytes for bytes).
     pub(super) fn victim(
@@ -144,11 +146,14 @@ impl Shard {
         pool: fn(&ScopeUse) -> &BTreeSet<(Instant, StoreKey)>,
     ) -> Option<StoreKey> {
         let oldest = |scope: &u64| Some(pool(self.scopes.get(scope)?).first()?.1);
-        // The largest scope; among equals, one with something to give.
+        let own = self.scopes.get(&claimer).map_or(0, weight);
+        // The largest other scope; among equals, one with something to give.
         let largest = self
             .scopes
             .iter()
+            .filter(|(scope, _)| **scope != claimer)
             .max_by_key(|(_, usage)| (weight(usage), !pool(usage).is_empty()))
+            .filter(|(_, usage)| weight(usage) > own)
             .map(|(scope, _)| *scope);
         largest
             .and_then(|scope| oldest(&scope))
