@@ -1,6 +1,6 @@
 mod shard;
 
-use self::shard::{Entry, Shard, State};
+use self::shard::{Entry, ScopeUse, Shard, State};
 use super::{
     ClaimOutcome, ClaimToken, Completion, ExistingRecord, IdempotencyStore, RecordState,
     StoreError, StoreKey, StoredResponse,
@@ -180,33 +180,42 @@ impl MemoryStore {
         // A record evicted to make room is dropped after the lock is released.
         let mut evicted = None;
         let now = Instant::now();
-        let mut shard = self.shard(&key);
-        shard.purge_expired(now);
-        if let Some(entry) = shard.map.get(&key) {
-            let fingerprint = entry.fingerprint;
-            let state = match &entry.state {
-                State::InProgress { .. } => RecordState::InProgress {
-                    lease_remaining: entry.expires_at.saturating_duration_since(now),
-                },
-                State::Completed { response, .. } => {
-                    // The response (header map and all) is copied after the lock is released.
-                    let response = Arc::clone(response);
-                    drop(shard);
-                    return Ok(ClaimOutcome::Existing(ExistingRecord {
-                        fingerprint,
-                        state: RecordState::Completed(StoredResponse::clone(&response)),
-                    }));
-                }
-                State::NotReplayable => RecordState::NotReplayable,
-            };
-            return Ok(ClaimOutcome::Existing(ExistingRecord {
-                fingerprint,
-                state,
-            }));
-        }
         let scope = key.scope_tag();
+        let mut shard = self.shard(&key);
+        shard.purge_expired(now, scope);
+        match shard.map.get(&key) {
+            None => {}
+            // Past its retention (a key whose tag names another scope than its record's).
+            Some(entry) if entry.expires_at <= now => evicted = shard.remove(&key),
+            Some(entry) => {
+                let fingerprint = entry.fingerprint;
+                let state = match &entry.state {
+                    State::InProgress { .. } => RecordState::InProgress {
+                        lease_remaining: entry.expires_at.saturating_duration_since(now),
+                    },
+                    State::Completed { response, .. } => {
+                        // The response (header map and all) is copied after the lock is
+                        // released.
+                        let response = Arc::clone(response);
+                        drop(shard);
+                        return Ok(ClaimOutcome::Existing(ExistingRecord {
+                            fingerprint,
+                            state: RecordState::Completed(StoredResponse::clone(&response)),
+                        }));
+                    }
+                    State::NotReplayable => RecordState::NotReplayable,
+                };
+                return Ok(ClaimOutcome::Existing(ExistingRecord {
+                    fingerprint,
+                    state,
+                }));
+            }
+        }
         if shard.map.len() >= self.inner.max_entries_per_shard {
-            match shard.victim(scope, |u| u.entries, |u| &u.completed) {
+            shard.purge_all_expired(now);
+        }
+        if shard.map.len() >= self.inner.max_entries_per_shard {
+            match shard.victim(scope, |u| u.entries, ScopeUse::oldest_completed) {
                 Some(victim) => evicted = shard.remove(&victim),
                 None => return Err(StoreError::full()),
             }
@@ -239,7 +248,7 @@ impl MemoryStore {
         };
         let now = Instant::now();
         let mut shard = self.shard(&key);
-        shard.purge_expired(now);
+        shard.purge_expired(now, key.scope_tag());
         let Some(scope) = shard.owned_by(&key, token).map(|e| e.scope) else {
             return false;
         };
@@ -250,8 +259,11 @@ impl MemoryStore {
             state = State::NotReplayable;
         }
         // Victims are completed records, never this claim in progress.
+        if shard.bytes + state.size() > self.inner.max_bytes_per_shard {
+            shard.purge_all_expired(now);
+        }
         while shard.bytes + state.size() > self.inner.max_bytes_per_shard {
-            match shard.victim(scope, |u| u.bytes, |u| &u.replayable) {
+            match shard.victim(scope, |u| u.bytes, ScopeUse::oldest_replayable) {
                 Some(victim) => drop(shard.remove(&victim)),
                 None => {
                     state = State::NotReplayable;
@@ -264,7 +276,7 @@ impl MemoryStore {
 
     fn do_release(&self, key: StoreKey, token: ClaimToken) -> bool {
         let mut shard = self.shard(&key);
-        shard.purge_expired(Instant::now());
+        shard.purge_expired(Instant::now(), key.scope_tag());
         if shard.owned_by(&key, token).is_none() {
             return false;
         }
@@ -275,7 +287,7 @@ impl MemoryStore {
     fn do_extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> bool {
         let now = Instant::now();
         let mut shard = self.shard(&key);
-        shard.purge_expired(now);
+        shard.purge_expired(now, key.scope_tag());
         let Some(entry) = shard.owned_by(&key, token) else {
             return false;
         };
@@ -504,6 +516,54 @@ mod tests {
         claimed(&store, scoped(0, b"b"));
         assert!(!is_completed(&store, scoped(0, b"a")));
         assert!(is_completed(&store, scoped(3, b"a")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_scopes_expired_records_make_room_before_a_live_one_pays() {
+        // Expired records are dropped per scope as scopes are used; a scope nobody uses any
+        // more keeps its expired records until room is needed, and then they go first.
+        let store = MemoryStore::builder().max_entries(4).build();
+        for n in 0..2 {
+            let key = scoped(n, b"quiet");
+            let t = claimed(&store, key);
+            assert!(store.do_complete(key, t, response(10), Duration::from_secs(60)));
+        }
+        for n in 0..2 {
+            let key = scoped(n, b"busy");
+            let t = claimed(&store, key);
+            assert!(store.do_complete(key, t, response(10), DAY));
+        }
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(
+            store.len(),
+            4,
+            "the quiet scope's records are past retention, not dropped"
+        );
+        // Full: the quiet scope's expired records make room; the busy scope's live ones stay.
+        for n in 2..4 {
+            claimed(&store, scoped(n, b"busy"));
+        }
+        assert!(is_completed(&store, scoped(0, b"busy")));
+        assert!(is_completed(&store, scoped(1, b"busy")));
+        assert_eq!(store.len(), 4);
+        assert!(store.inner.shards.iter().all(|s| lock(s).scopes.len() == 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_past_its_retention_is_never_answered() {
+        // Its scope's tag differs from the one it was stored under (a store's own key): it is
+        // still past its retention.
+        let store = MemoryStore::new();
+        let stored = scoped(7, b"a");
+        let t = claimed(&store, stored);
+        assert!(store.do_complete(stored, t, response(10), Duration::from_secs(5)));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let same_digest = StoreKey::from_bytes(*stored.as_bytes());
+        assert!(matches!(
+            store.do_claim(same_digest, ClaimToken::new(), FP, LEASE),
+            Ok(ClaimOutcome::Claimed)
+        ));
+        assert_eq!(store.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

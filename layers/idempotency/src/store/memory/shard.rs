@@ -4,29 +4,77 @@
 use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimToken, StoreKey, StoredResponse};
 use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use tokio::time::Instant;
 
 #[derive(Default)]
 pub(super) struct Shard {
     pub(super) map: HashMap<StoreKey, Entry>,
-    // NOTE: every entry is in exactly one of these two expiry indices, under its current
-    // `expires_at`; `insert`, `remove` and `do_extend` keep them in step with `map`.
+    // NOTE: every claim in progress is here under its current `expires_at`, and every
+    // completed record in its scope's `replayable` or `not_replayable`; `insert`, `complete`,
+    // `remove` and `do_extend` keep them in step with `map`. One index entry per record:
+    // expired completed records are dropped per scope (the scope of each operation, and every
+    // scope when room must be made), so no shard-wide index of them is needed.
     pub(super) leases: BTreeSet<(Instant, StoreKey)>,
-    pub(super) completed: BTreeSet<(Instant, StoreKey)>,
     pub(super) bytes: usize,
     // What each scope holds in this shard, to decide who pays when room must be made.
-    pub(super) scopes: HashMap<u64, ScopeUse>,
+    pub(super) scopes: HashMap<u64, ScopeUse, BuildHasherDefault<TagHasher>>,
+}
+
+/// Hashes a scope tag as itself. Tags are already keyed hashes (SipHash under a random
+/// per-process key, see `StoreKey::scope_tag`), so a client cannot aim tags at one bucket, and
+/// hashing them again would only repeat work every operation pays.
+#[derive(Default)]
+pub(super) struct TagHasher(u64);
+
+impl Hasher for TagHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for `u64` keys (`write_u64`); correct for any other input anyway.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, tag: u64) {
+        self.0 = tag;
+    }
 }
 
 #[derive(Default)]
 pub(super) struct ScopeUse {
     pub(super) entries: usize,
     pub(super) bytes: usize,
-    pub(super) completed: BTreeSet<(Instant, StoreKey)>,
     // The completed records that hold a response (bytes): the only ones whose eviction frees
     // bytes. A not-replayable record holds none and is never evicted for bytes.
     pub(super) replayable: BTreeSet<(Instant, StoreKey)>,
+    pub(super) not_replayable: BTreeSet<(Instant, StoreKey)>,
+}
+
+impl ScopeUse {
+    /// The completed record that expires first.
+    pub(super) fn oldest_completed(&self) -> Option<(Instant, StoreKey)> {
+        match (self.replayable.first(), self.not_replayable.first()) {
+            (Some(a), Some(b)) => Some(*a.min(b)),
+            (a, b) => a.or(b).copied(),
+        }
+    }
+
+    /// The completed record that holds bytes and expires first.
+    pub(super) fn oldest_replayable(&self) -> Option<(Instant, StoreKey)> {
+        self.replayable.first().copied()
+    }
+
+    fn index(&mut self, state: &State) -> &mut BTreeSet<(Instant, StoreKey)> {
+        match state {
+            State::NotReplayable => &mut self.not_replayable,
+            State::Completed { .. } | State::InProgress { .. } => &mut self.replayable,
+        }
+    }
 }
 
 pub(super) struct Entry {
@@ -72,13 +120,7 @@ impl Shard {
         usage.bytes += size;
         match entry.state {
             State::InProgress { .. } => self.leases.insert((entry.expires_at, key)),
-            _ => {
-                usage.completed.insert((entry.expires_at, key));
-                if size > 0 {
-                    usage.replayable.insert((entry.expires_at, key));
-                }
-                self.completed.insert((entry.expires_at, key))
-            }
+            _ => usage.index(&entry.state).insert((entry.expires_at, key)),
         };
         self.bytes += size;
         self.map.insert(key, entry);
@@ -95,34 +137,28 @@ impl Shard {
         }
         let size = state.size();
         let lease_end = std::mem::replace(&mut entry.expires_at, expires_at);
-        entry.state = state;
         let scope = entry.scope;
         self.leases.remove(&(lease_end, *key));
-        self.completed.insert((expires_at, *key));
         self.bytes += size;
         let usage = self.scopes.entry(scope).or_default();
         usage.bytes += size;
-        usage.completed.insert((expires_at, *key));
-        if size > 0 {
-            usage.replayable.insert((expires_at, *key));
-        }
+        usage.index(&state).insert((expires_at, *key));
+        entry.state = state;
         true
     }
 
     pub(super) fn remove(&mut self, key: &StoreKey) -> Option<Entry> {
         let entry = self.map.remove(key)?;
         let size = entry.state.size();
-        let completed = !matches!(entry.state, State::InProgress { .. });
-        match completed {
-            false => self.leases.remove(&(entry.expires_at, *key)),
-            true => self.completed.remove(&(entry.expires_at, *key)),
-        };
+        let at = (entry.expires_at, *key);
+        if let State::InProgress { .. } = entry.state {
+            self.leases.remove(&at);
+        }
         if let Some(usage) = self.scopes.get_mut(&entry.scope) {
             usage.entries -= 1;
             usage.bytes -= size;
-            if completed {
-                usage.completed.remove(&(entry.expires_at, *key));
-                usage.replayable.remove(&(entry.expires_at, *key));
+            if !matches!(entry.state, State::InProgress { .. }) {
+                usage.index(&entry.state).remove(&at);
             }
             if usage.entries == 0 {
                 self.scopes.remove(&entry.scope);
@@ -137,27 +173,28 @@ impl Shard {
     /// neither has one: the claimer is refused rather than a bystander paying for it.
     /// The claimer counts as the largest when it holds as much as any other scope, so a scope
     /// whose claims are all in progress never makes an equal pay for it.
-    /// `pool` picks which of a scope's records are evictable (all completed ones for an
-    /// entry, those holding bytes for bytes).
+    /// `oldest` picks a scope's first evictable record (of all completed ones for an entry,
+    /// of those holding bytes for bytes). Expired records are dropped first
+    /// ([`purge_all_expired`](Self::purge_all_expired)), so only live ones are weighed.
     pub(super) fn victim(
         &self,
         claimer: u64,
         weight: fn(&ScopeUse) -> usize,
-        pool: fn(&ScopeUse) -> &BTreeSet<(Instant, StoreKey)>,
+        oldest: fn(&ScopeUse) -> Option<(Instant, StoreKey)>,
     ) -> Option<StoreKey> {
-        let oldest = |scope: &u64| Some(pool(self.scopes.get(scope)?).first()?.1);
+        let oldest_of = |scope: &u64| Some(oldest(self.scopes.get(scope)?)?.1);
         let own = self.scopes.get(&claimer).map_or(0, weight);
         // The largest other scope; among equals, one with something to give.
         let largest = self
             .scopes
             .iter()
             .filter(|(scope, _)| **scope != claimer)
-            .max_by_key(|(_, usage)| (weight(usage), !pool(usage).is_empty()))
+            .max_by_key(|(_, usage)| (weight(usage), oldest(usage).is_some()))
             .filter(|(_, usage)| weight(usage) > own)
             .map(|(scope, _)| *scope);
         largest
-            .and_then(|scope| oldest(&scope))
-            .or_else(|| oldest(&claimer))
+            .and_then(|scope| oldest_of(&scope))
+            .or_else(|| oldest_of(&claimer))
     }
 
     pub(super) fn owned_by(&mut self, key: &StoreKey, token: ClaimToken) -> Option<&mut Entry> {
@@ -166,21 +203,39 @@ impl Shard {
             .filter(|e| matches!(e.state, State::InProgress { token: t } if t == token))
     }
 
-    pub(super) fn purge_expired(&mut self, now: Instant) {
-        for index in [0, 1] {
-            loop {
-                let set = if index == 0 {
-                    &self.leases
-                } else {
-                    &self.completed
-                };
-                match set.first() {
-                    Some(&(at, key)) if at <= now => {
-                        self.remove(&key);
-                    }
-                    _ => break,
-                }
+    /// Drops the claims whose lease ended, and `scope`'s completed records past their
+    /// retention (what an operation on a key of `scope` may meet).
+    pub(super) fn purge_expired(&mut self, now: Instant, scope: u64) {
+        while let Some(&(at, key)) = self.leases.first() {
+            if at > now {
+                break;
             }
+            self.remove(&key);
+        }
+        self.purge_scope(now, scope);
+    }
+
+    /// Drops every scope's completed records past their retention: before room is made, so
+    /// that a live record never pays while an expired one stays. A scan of the shard's scopes,
+    /// as choosing who pays already is.
+    pub(super) fn purge_all_expired(&mut self, now: Instant) {
+        let expired: Vec<u64> = self
+            .scopes
+            .iter()
+            .filter(|(_, usage)| usage.oldest_completed().is_some_and(|(at, _)| at <= now))
+            .map(|(scope, _)| *scope)
+            .collect();
+        for scope in expired {
+            self.purge_scope(now, scope);
+        }
+    }
+
+    fn purge_scope(&mut self, now: Instant, scope: u64) {
+        while let Some((at, key)) = self.scopes.get(&scope).and_then(ScopeUse::oldest_completed) {
+            if at > now {
+                break;
+            }
+            self.remove(&key);
         }
     }
 }
@@ -191,7 +246,6 @@ impl Shard {
     /// shard's bookkeeping does not match its records (test-only).
     pub(super) fn check_invariants(&self, max_entries: usize, max_bytes: usize, context: &str) {
         let mut leases = BTreeSet::new();
-        let mut completed = BTreeSet::new();
         let mut bytes = 0;
         let mut scopes: HashMap<u64, (usize, usize, BTreeSet<_>, BTreeSet<_>)> = HashMap::new();
         for (key, entry) in &self.map {
@@ -204,22 +258,18 @@ impl Shard {
                 State::InProgress { .. } => {
                     leases.insert((entry.expires_at, *key));
                 }
-                _ => {
-                    completed.insert((entry.expires_at, *key));
+                State::Completed { .. } => {
+                    assert!(size > 0, "{context}: a stored response of no bytes");
                     usage.2.insert((entry.expires_at, *key));
-                    if size > 0 {
-                        usage.3.insert((entry.expires_at, *key));
-                    }
+                }
+                State::NotReplayable => {
+                    usage.3.insert((entry.expires_at, *key));
                 }
             }
         }
         assert!(
             self.leases == leases,
             "{context}: `leases` disagrees with `map`"
-        );
-        assert!(
-            self.completed == completed,
-            "{context}: `completed` disagrees with `map`"
         );
         assert_eq!(self.bytes, bytes, "{context}: `bytes` disagrees with `map`");
         let mut tags: Vec<_> = self.scopes.keys().copied().collect();
@@ -230,17 +280,17 @@ impl Shard {
             tags, expected,
             "{context}: `scopes` holds other scopes than `map`"
         );
-        for (tag, (entries, bytes, completed, replayable)) in scopes {
+        for (tag, (entries, bytes, replayable, not_replayable)) in scopes {
             let usage = &self.scopes[&tag];
             assert_eq!(usage.entries, entries, "{context}: scope {tag} `entries`");
             assert_eq!(usage.bytes, bytes, "{context}: scope {tag} `bytes`");
             assert!(
-                usage.completed == completed,
-                "{context}: scope {tag} `completed` disagrees with `map`"
-            );
-            assert!(
                 usage.replayable == replayable,
                 "{context}: scope {tag} `replayable` disagrees with `map`"
+            );
+            assert!(
+                usage.not_replayable == not_replayable,
+                "{context}: scope {tag} `not_replayable` disagrees with `map`"
             );
         }
         assert!(
