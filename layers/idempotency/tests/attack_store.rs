@@ -180,3 +180,112 @@ async fn an_in_progress_flood_at_parity_never_evicts_a_bystanders_payment() {
         );
     }
 }
+
+/// Through the real layer on an axum `Router`, tenants scoped by a header, paused time.
+mod through_the_layer {
+    use axum::routing::post;
+    use axum::Router;
+    use http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tower::ServiceExt;
+    use tower_once_idempotency::scope::HeaderScope;
+    use tower_once_idempotency::store::MemoryStore;
+    use tower_once_idempotency::IdempotencyLayer;
+
+    type Runs = Arc<Mutex<HashMap<String, usize>>>;
+
+    const RETENTION: Duration = Duration::from_secs(60);
+
+    fn app(store: MemoryStore, runs: Runs) -> Router {
+        Router::new()
+            .route(
+                "/charges",
+                post(move |headers: http::HeaderMap, body: String| {
+                    let tenant = headers["x-tenant"].to_str().unwrap().to_owned();
+                    let mut runs = runs.lock().unwrap();
+                    let n = runs.entry(tenant.clone()).or_default();
+                    *n += 1;
+                    let answer = format!("{tenant} charge {n}: {body}");
+                    async move { (StatusCode::CREATED, answer) }
+                }),
+            )
+            .layer(
+                IdempotencyLayer::with_store(store)
+                    .scope(HeaderScope::new("x-tenant"))
+                    .retention(RETENTION),
+            )
+    }
+
+    async fn post_charge(app: &Router, tenant: &str, key: &str, body: &str) -> (StatusCode, bool) {
+        let req = Request::post("/charges")
+            .header("idempotency-key", key)
+            .header("x-tenant", tenant)
+            .body(axum::body::Body::from(body.to_owned()))
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let status = res.status();
+        res.into_body().collect().await.unwrap();
+        (status, replayed)
+    }
+
+    /// HOLDS: tenant A floods fresh keys into a full store (one shard of 6 entries: at parity once A holds 3); tenant B's
+    /// three payments are replayed all the while, and A is answered 201 (paying with its own
+    /// records) or 503, never at B's expense. Exactly at the retention B's record is gone: a
+    /// retry runs the handler again, and a changed body is a new charge, not a 422.
+    #[tokio::test(start_paused = true)]
+    async fn a_tenants_flood_never_costs_another_tenant_a_payment_and_retention_is_exact() {
+        let store = MemoryStore::builder().max_entries(6).build();
+        let runs = Runs::default();
+        let app = app(store.clone(), runs.clone());
+        for k in ["b0", "b1", "b2"] {
+            assert_eq!(
+                post_charge(&app, "b", k, "10 EUR").await,
+                (StatusCode::CREATED, false)
+            );
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for n in 0..40 {
+            let (status, replayed) = post_charge(&app, "a", &format!("a{n}"), "1 EUR").await;
+            assert!(!replayed);
+            assert!(
+                status == StatusCode::CREATED || status == StatusCode::SERVICE_UNAVAILABLE,
+                "{status}"
+            );
+            for k in ["b0", "b1", "b2"] {
+                assert_eq!(
+                    post_charge(&app, "b", k, "10 EUR").await,
+                    (StatusCode::CREATED, true),
+                    "B's payment {k} was not replayed during A's flood (request a{n})"
+                );
+            }
+        }
+        assert_eq!(runs.lock().unwrap()["b"], 3);
+        assert!(store.len() <= 6);
+        // B's records were completed at t=0 with a retention of 60 s; now is t=1 s.
+        tokio::time::advance(RETENTION - Duration::from_secs(1) - Duration::from_millis(1)).await;
+        assert_eq!(
+            post_charge(&app, "b", "b0", "10 EUR").await,
+            (StatusCode::CREATED, true)
+        );
+        assert_eq!(
+            post_charge(&app, "b", "b1", "20 EUR").await.0,
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            post_charge(&app, "b", "b0", "10 EUR").await,
+            (StatusCode::CREATED, false),
+            "a record exactly at its retention was replayed"
+        );
+        assert_eq!(
+            post_charge(&app, "b", "b1", "20 EUR").await,
+            (StatusCode::CREATED, false),
+            "a record exactly at its retention answered 422"
+        );
+        assert_eq!(runs.lock().unwrap()["b"], 5);
+    }
+}

@@ -566,6 +566,34 @@ mod tests {
         assert_eq!(store.len(), 1);
     }
 
+    /// HOLDS: exactly at its end, no record answers (no replay, no 409, no 422 from its
+    /// fingerprint), whichever tag the key asking for it carries: its own scope's, another
+    /// scope's, or tag 0 (`StoreKey::from_bytes`); and its scope's indices let it go.
+    #[tokio::test(start_paused = true)]
+    async fn no_record_answers_exactly_at_its_end_under_any_tag() {
+        let other_fp = Fingerprint::from_bytes([1; 32]);
+        for asked_as in [&b"a"[..], b"other", b""] {
+            let store = MemoryStore::builder().max_entries(10).build();
+            let (done, not_replayable, held) = (scoped(1, b"a"), scoped(2, b"a"), scoped(3, b"a"));
+            let t = claimed(&store, done);
+            assert!(store.do_complete(done, t, response(10), LEASE));
+            let t = claimed(&store, not_replayable);
+            assert!(store.do_complete(not_replayable, t, Completion::NotReplayable, LEASE));
+            claimed(&store, held);
+            tokio::time::advance(LEASE).await;
+            for key in [done, not_replayable, held] {
+                let asked = StoreKey::from_bytes(*key.as_bytes()).with_scope(asked_as);
+                let answer = store.do_claim(asked, ClaimToken::new(), other_fp, LEASE);
+                assert!(
+                    matches!(answer, Ok(ClaimOutcome::Claimed)),
+                    "{key:?} asked as {asked_as:?} at its end: {answer:?}"
+                );
+            }
+            check_all(&store, "after the claims");
+            assert_eq!(store.len(), 3);
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_scope_holding_only_claims_is_refused_not_paid_for() {
         let store = MemoryStore::builder().max_entries(3).build();
@@ -580,6 +608,69 @@ mod tests {
             .unwrap_err();
         assert!(err.is_full());
         assert!(is_completed(&store, done));
+    }
+
+    /// The scans of a shard's scopes `op` makes (see `shard::SCOPE_SCANS`).
+    fn scans_of<T>(op: impl FnOnce() -> T) -> (T, usize) {
+        let before = shard::SCOPE_SCANS.with(std::cell::Cell::get);
+        let out = op();
+        (out, shard::SCOPE_SCANS.with(std::cell::Cell::get) - before)
+    }
+
+    /// Fills a one-shard store with one 100-byte response in each of `scopes` scopes (bytes
+    /// full), and returns the keys.
+    fn one_record_per_scope(store: &MemoryStore, scopes: u32) -> Vec<StoreKey> {
+        (0..scopes)
+            .map(|n| {
+                let key = scoped(n, format!("tenant-{n}").as_bytes());
+                let t = claimed(store, key);
+                assert!(store.do_complete(key, t, response(36), DAY));
+                key
+            })
+            .collect()
+    }
+
+    /// Was broken: `do_complete` chose each victim for bytes with `Shard::victim`, a scan of
+    /// every scope of the shard, once per record it evicted. One response that needs the room
+    /// of k records in a shard of s scopes cost k * s (here 200 * 200 scope visits under the
+    /// shard's lock; with the default bounds a 1 MiB response over ~6 000 one-record tenants is
+    /// millions), where the contract allows a scan of the scopes when full.
+    #[tokio::test(start_paused = true)]
+    async fn making_room_for_one_response_scans_the_scopes_a_bounded_number_of_times() {
+        const SCOPES: u32 = 200;
+        let store = MemoryStore::builder()
+            .max_entries(500)
+            .max_bytes(SCOPES as usize * 100)
+            .build();
+        assert_eq!(store.inner.shards.len(), 1);
+        let bystanders = one_record_per_scope(&store, SCOPES);
+        let big = scoped(0, b"big");
+        let t = claimed(&store, big);
+        let (done, scans) = scans_of(|| store.do_complete(big, t, response(200 * 100 - 64), DAY));
+        assert!(done);
+        check_all(&store, "after the big response");
+        assert!(
+            is_completed(&store, big),
+            "the response fits once the others went"
+        );
+        assert!(bystanders.iter().all(|k| !is_completed(&store, *k)));
+        assert!(
+            scans <= 2,
+            "one completion scanned the shard's {SCOPES} scopes {scans} times"
+        );
+    }
+
+    /// HOLDS: a claim in a full shard costs at most two scans of the scopes (dropping expired
+    /// records, choosing who pays), however many scopes there are.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_in_a_full_shard_scans_the_scopes_at_most_twice() {
+        let store = MemoryStore::builder().max_entries(200).build();
+        one_record_per_scope(&store, 200);
+        let (claim, scans) =
+            scans_of(|| store.do_claim(scoped(0, b"new"), ClaimToken::new(), FP, LEASE));
+        assert!(matches!(claim, Ok(ClaimOutcome::Claimed)));
+        assert!(scans <= 2, "{scans} scans for one claim");
+        check_all(&store, "after the claim");
     }
 
     #[tokio::test(start_paused = true)]
@@ -610,13 +701,16 @@ mod tests {
         }
     }
 
+    /// The scopes of the random sequences' keys: the empty scope (tag 0) among them.
+    const SCOPES: [&[u8]; 7] = [b"a", b"b", b"c", b"", b"d", b"e", b"f"];
+
     /// Keys in pairs that differ only in their last 16 bytes (one hash, two records), over
-    /// three scopes and (with several shards) more than one shard.
-    fn pool_key(i: usize) -> StoreKey {
+    /// `scopes` scopes and (with several shards) more than one shard.
+    fn pool_key(i: usize, scopes: usize) -> StoreKey {
         let mut bytes = [0xab; 32];
         bytes[0] = (i / 2) as u8;
         bytes[16..].fill(0x10 + (i % 2) as u8);
-        StoreKey::from_bytes(bytes).with_scope([&b"a"[..], b"b", b"c"][i % 3])
+        StoreKey::from_bytes(bytes).with_scope(SCOPES[i % scopes])
     }
 
     fn check_all(store: &MemoryStore, context: &str) {
@@ -625,6 +719,95 @@ mod tests {
                 store.inner.max_entries_per_shard,
                 store.inner.max_bytes_per_shard,
                 context,
+            );
+        }
+    }
+
+    /// What the shard of a key held before an operation: its live completed records (key,
+    /// scope, replayable) and what each scope held (entries, bytes).
+    struct Before {
+        live: Vec<(StoreKey, u64, bool)>,
+        held: std::collections::HashMap<u64, (usize, usize)>,
+    }
+
+    fn before(store: &MemoryStore, key: &StoreKey, now: Instant) -> Before {
+        let shard = store.shard(key);
+        let live = shard
+            .map
+            .iter()
+            .filter(|(_, e)| e.expires_at > now && !matches!(e.state, State::InProgress { .. }))
+            .map(|(k, e)| (*k, e.scope, matches!(e.state, State::Completed { .. })))
+            .collect();
+        let held = shard
+            .scopes
+            .iter()
+            .map(|(tag, u)| (*tag, (u.entries, u.bytes)))
+            .collect();
+        Before { live, held }
+    }
+
+    /// Who made room in an operation: a fresh claim (room by entries) or a completion (room by
+    /// bytes), of `key` whose record is in scope `claimer`.
+    #[derive(Clone, Copy)]
+    enum Room {
+        Entries { claimer: u64 },
+        Bytes { claimer: u64 },
+    }
+
+    /// Checks what an operation on `key` evicted against the share: a live record goes only
+    /// when room was made, after every expired record went; for bytes only a record holding
+    /// bytes; and only from the claimer's own scope or one that held strictly more than the
+    /// claimer was left holding before its new record (what the claimer held when the victim
+    /// was chosen is at least that, and the victim held at most what it held before).
+    fn check_evictions(
+        store: &MemoryStore,
+        key: &StoreKey,
+        now: Instant,
+        before: &Before,
+        room: Option<Room>,
+        context: &str,
+    ) {
+        let shard = store.shard(key);
+        let gone: Vec<_> = before
+            .live
+            .iter()
+            .filter(|(k, ..)| !shard.map.contains_key(k))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let Some(room) = room else {
+            panic!("{context}: live records {gone:?} dropped by an operation that made no room");
+        };
+        // (The operation's own record may be born expired: a retention of zero.)
+        for (k, e) in shard.map.iter().filter(|(k, _)| *k != key) {
+            assert!(
+                matches!(e.state, State::InProgress { .. }) || e.expires_at > now,
+                "{context}: live records {gone:?} paid while {k:?} was past its retention"
+            );
+        }
+        let (claimer, own) = match room {
+            Room::Entries { claimer } => (claimer, shard.scopes[&claimer].entries - 1),
+            Room::Bytes { claimer } => (
+                claimer,
+                shard.scopes[&claimer].bytes - shard.map[key].state.size(),
+            ),
+        };
+        for (k, scope, replayable) in gone {
+            if let Room::Bytes { .. } = room {
+                assert!(replayable, "{context}: zero-byte {k:?} evicted for bytes");
+            }
+            if *scope == claimer {
+                continue;
+            }
+            let (entries, bytes) = before.held[scope];
+            let held = match room {
+                Room::Entries { .. } => entries,
+                Room::Bytes { .. } => bytes,
+            };
+            assert!(
+                held > own,
+                "{context}: {k:?} of a scope holding {held} paid for a claimer left holding {own}"
             );
         }
     }
@@ -642,12 +825,14 @@ mod tests {
         },
     }
 
-    /// Runs `steps` random claim / complete / release / extend / expiry steps against `store`,
-    /// checking after each one that the shard indices and byte counts agree with `map`, and
-    /// against a model: a live claim is never lost (evicted), a stale or foreign token never
-    /// writes, a completed record never outlives its retention, and what is found is what was
-    /// written.
-    async fn random_sequence(store: MemoryStore, seed: u64, steps: usize) {
+    /// Runs `steps` random claim / complete / release / extend / expiry steps against `store`
+    /// with keys of `scopes` scopes, checking after each one that the shard indices and byte
+    /// counts agree with `map`, that every live claim is in the map under its token, that what
+    /// was evicted respects the share (`check_evictions`), and against a model: a live claim is
+    /// never lost (evicted), a stale or foreign token never writes, a completed record never
+    /// outlives its retention (also when asked for under another scope's tag), and what is
+    /// found is what was written.
+    async fn random_sequence(store: MemoryStore, seed: u64, steps: usize, scopes: usize) {
         // With room for every key, the entry bound never evicts: a record can only go by
         // expiry, or (one holding bytes) for the byte bound.
         const KEYS: usize = 24;
@@ -657,16 +842,28 @@ mod tests {
         let mut stale: Vec<(usize, ClaimToken)> = Vec::new();
         for step in 0..steps {
             let i = rng.below(KEYS);
-            let key = pool_key(i);
+            let key = pool_key(i, scopes);
             let now = Instant::now();
             let op = rng.below(9);
             let context = format!("seed {seed} step {step} op {op} key {i}");
+            let snapshot = before(&store, &key, now);
+            let mut room = None;
             match op {
                 0 | 1 => {
                     let token = ClaimToken::new();
                     let lease = Duration::from_secs([5, 30][rng.below(2)]);
-                    match store.do_claim(key, token, FP, lease) {
+                    // Now and then the same digest under another tag (a store's own key, tag
+                    // 0, or another tenant's): the record's own scope still decides.
+                    let asked = match rng.below(6) {
+                        0 => StoreKey::from_bytes(*key.as_bytes()),
+                        1 => key.with_scope(SCOPES[rng.below(SCOPES.len())]),
+                        _ => key,
+                    };
+                    match store.do_claim(asked, token, FP, lease) {
                         Ok(ClaimOutcome::Claimed) => {
+                            room = Some(Room::Entries {
+                                claimer: asked.scope_tag(),
+                            });
                             match model[i] {
                                 Model::Held { lease_end, .. } => assert!(
                                     lease_end <= now,
@@ -729,6 +926,8 @@ mod tests {
                         // A token that never claimed this key never completes it.
                         let completed = store.do_complete(key, ClaimToken::new(), response(1), DAY);
                         assert!(!completed, "{context}: a foreign token completed a record");
+                        check_evictions(&store, &key, now, &snapshot, None, &context);
+                        check_all(&store, &context);
                         continue;
                     };
                     let completion = match rng.below(5) {
@@ -739,9 +938,11 @@ mod tests {
                         _ => response(5_000),
                     };
                     let retention = Duration::from_secs([0, 1, 20, 60, 300][rng.below(5)]);
+                    let claimer = store.shard(&key).map.get(&key).map(|e| e.scope);
                     let done = store.do_complete(key, token, completion, retention);
                     assert_eq!(done, lease_end > now, "{context}: complete (lease live?)");
                     if done {
+                        room = claimer.map(|claimer| Room::Bytes { claimer });
                         let replayable = {
                             let shard = store.shard(&key);
                             let entry = shard.map.get(&key).expect("just completed");
@@ -789,7 +990,7 @@ mod tests {
                 6 => {
                     // A claimer whose lease expired and whose key was taken over is fenced.
                     if let Some(&(j, old)) = stale.get(rng.below(stale.len().max(1))) {
-                        let key = pool_key(j);
+                        let key = pool_key(j, scopes);
                         assert!(!store.do_extend(key, old, LEASE), "{context}: stale extend");
                         assert!(
                             !store.do_complete(key, old, response(10), DAY),
@@ -799,8 +1000,28 @@ mod tests {
                     }
                 }
                 _ => {
-                    let ms = [0, 500, 1_000, 4_999, 5_000, 10_000, 31_000][rng.below(7)];
+                    // Up to past every retention at once: whole scopes expire unpurged.
+                    let ms = [0, 500, 1_000, 4_999, 5_000, 10_000, 31_000, 61_000, 301_000]
+                        [rng.below(9)];
                     tokio::time::advance(Duration::from_millis(ms)).await;
+                }
+            }
+            check_evictions(&store, &key, now, &snapshot, room, &context);
+            // Every live claim is in the map under its own token: none was evicted.
+            let now = Instant::now();
+            for (j, m) in model.iter().enumerate() {
+                if let Model::Held { token, lease_end } = *m {
+                    if lease_end > now {
+                        let key = pool_key(j, scopes);
+                        let shard = store.shard(&key);
+                        assert!(
+                            matches!(
+                                shard.map.get(&key).map(|e| &e.state),
+                                Some(State::InProgress { token: t }) if *t == token
+                            ),
+                            "{context}: live claim of key {j} is not in the map"
+                        );
+                    }
                 }
             }
             check_all(&store, &context);
@@ -810,25 +1031,41 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn random_sequences_keep_every_index_and_count_in_step_with_the_map() {
         for seed in 1..=8u64 {
-            // One shard, bounds hit constantly.
-            let small = MemoryStore::builder()
-                .max_entries(8)
-                .max_bytes(1_000)
-                .build();
-            random_sequence(small, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), 4_000).await;
-            // Room for every key; only the byte bound and expiry act.
-            let roomy = MemoryStore::builder()
-                .max_entries(64)
-                .max_bytes(3_000)
-                .build();
-            random_sequence(roomy, seed.wrapping_mul(0x2545_f491_4f6c_dd1d), 4_000).await;
-            // Two shards.
-            let sharded = MemoryStore::builder()
-                .max_entries(512)
-                .max_bytes(2_000)
-                .build();
-            assert_eq!(sharded.inner.shards.len(), 2);
-            random_sequence(sharded, seed.wrapping_mul(0x1234_5678_9abc_def1) | 1, 4_000).await;
+            for scopes in [3, SCOPES.len()] {
+                let seed = seed ^ (scopes as u64) << 40;
+                // One shard, bounds hit constantly.
+                let small = MemoryStore::builder()
+                    .max_entries(8)
+                    .max_bytes(1_000)
+                    .build();
+                random_sequence(
+                    small,
+                    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    3_000,
+                    scopes,
+                )
+                .await;
+                // Room for every key; only the byte bound and expiry act.
+                let roomy = MemoryStore::builder()
+                    .max_entries(64)
+                    .max_bytes(3_000)
+                    .build();
+                random_sequence(
+                    roomy,
+                    seed.wrapping_mul(0x2545_f491_4f6c_dd1d),
+                    3_000,
+                    scopes,
+                )
+                .await;
+                // Two shards.
+                let sharded = MemoryStore::builder()
+                    .max_entries(512)
+                    .max_bytes(2_000)
+                    .build();
+                assert_eq!(sharded.inner.shards.len(), 2);
+                let seed = seed.wrapping_mul(0x1234_5678_9abc_def1) | 1;
+                random_sequence(sharded, seed, 3_000, scopes).await;
+            }
         }
     }
 
@@ -838,7 +1075,7 @@ mod tests {
             .max_entries(10)
             .max_bytes(10_000)
             .build();
-        let (a, b) = (pool_key(0), pool_key(1));
+        let (a, b) = (pool_key(0, 3), pool_key(1, 3));
         assert_eq!(a.as_bytes()[..16], b.as_bytes()[..16]);
         assert_ne!(a, b);
         let ta = claimed(&store, a);

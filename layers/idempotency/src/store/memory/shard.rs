@@ -45,6 +45,19 @@ impl Hasher for TagHasher {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Counts the scans of a shard's scopes this thread made (test-only): what an operation
+    /// costs beyond its own key's records.
+    pub(super) static SCOPE_SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[inline(always)]
+fn scanned() {
+    #[cfg(test)]
+    SCOPE_SCANS.with(|scans| scans.set(scans.get() + 1));
+}
+
 #[derive(Default)]
 pub(super) struct ScopeUse {
     pub(super) entries: usize,
@@ -182,6 +195,7 @@ impl Shard {
         weight: fn(&ScopeUse) -> usize,
         oldest: fn(&ScopeUse) -> Option<(Instant, StoreKey)>,
     ) -> Option<StoreKey> {
+        scanned();
         let oldest_of = |scope: &u64| Some(oldest(self.scopes.get(scope)?)?.1);
         let own = self.scopes.get(&claimer).map_or(0, weight);
         // The largest other scope; among equals, one with something to give.
@@ -219,6 +233,7 @@ impl Shard {
     /// that a live record never pays while an expired one stays. A scan of the shard's scopes,
     /// as choosing who pays already is.
     pub(super) fn purge_all_expired(&mut self, now: Instant) {
+        scanned();
         let expired: Vec<u64> = self
             .scopes
             .iter()
