@@ -660,6 +660,49 @@ mod tests {
         );
     }
 
+    /// HOLDS: room for bytes is taken from a larger scope only while it holds strictly more
+    /// than the claimer: here B (300 + 200 bytes) pays its oldest for A (200 bytes), then,
+    /// holding as much as A, keeps its other record while A pays with its own; C (100 bytes,
+    /// smaller) is never touched.
+    #[tokio::test(start_paused = true)]
+    async fn byte_room_is_taken_from_a_larger_scope_only_while_it_holds_strictly_more() {
+        let store = MemoryStore::builder()
+            .max_entries(10)
+            .max_bytes(1_000)
+            .build();
+        let mut stored = Vec::new();
+        for (n, scope, len) in [
+            (1, b"b", 236),
+            (2, b"b", 136),
+            (3, b"a", 136),
+            (4, b"c", 36),
+        ] {
+            let key = scoped(n, scope);
+            let t = claimed(&store, key);
+            assert!(store.do_complete(key, t, response(len), DAY));
+            stored.push(key);
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let [b_old, b_new, a_old, c] = stored[..] else {
+            unreachable!()
+        };
+        let new = scoped(5, b"a");
+        let t = claimed(&store, new);
+        assert!(store.do_complete(new, t, response(636), DAY));
+        check_all(&store, "after A's response");
+        assert!(is_completed(&store, new), "A's response fits");
+        assert!(!is_completed(&store, b_old), "B held more than A: it paid");
+        assert!(
+            !is_completed(&store, a_old),
+            "then A held as much as B: A paid"
+        );
+        assert!(
+            is_completed(&store, b_new),
+            "B paid again while it held no more than A"
+        );
+        assert!(is_completed(&store, c), "C, smaller, paid");
+    }
+
     /// HOLDS: a claim in a full shard costs at most two scans of the scopes (dropping expired
     /// records, choosing who pays), however many scopes there are.
     #[tokio::test(start_paused = true)]
