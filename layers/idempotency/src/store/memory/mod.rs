@@ -973,12 +973,12 @@ mod tests {
                         check_all(&store, &context);
                         continue;
                     };
-                    let completion = match rng.below(5) {
-                        0 => Completion::NotReplayable,
-                        1 => response(10),
-                        2 => response(200),
-                        3 => response(700),
-                        _ => response(5_000),
+                    let (completion, size) = match rng.below(5) {
+                        0 => (Completion::NotReplayable, None),
+                        1 => (response(10), Some(74)),
+                        2 => (response(200), Some(264)),
+                        3 => (response(700), Some(764)),
+                        _ => (response(5_000), Some(5_064)),
                     };
                     let retention = Duration::from_secs([0, 1, 20, 60, 300][rng.below(5)]);
                     let claimer = store.shard(&key).map.get(&key).map(|e| e.scope);
@@ -1000,6 +1000,11 @@ mod tests {
                                 State::InProgress { .. } => panic!("{context}: still a claim"),
                             }
                         };
+                        // Every record holding bytes can be made to pay (its own scope's when
+                        // no larger one): a response that fits the shard is always kept.
+                        if size.is_some_and(|size| size <= store.inner.max_bytes_per_shard) {
+                            assert!(replayable, "{context}: a response that fits was dropped");
+                        }
                         model[i] = Model::Done {
                             expires: saturating_add(now, retention),
                             replayable,
