@@ -259,16 +259,11 @@ impl MemoryStore {
             state = State::NotReplayable;
         }
         // Victims are completed records, never this claim in progress.
-        if shard.bytes + state.size() > self.inner.max_bytes_per_shard {
+        let max = self.inner.max_bytes_per_shard;
+        if shard.bytes + state.size() > max {
             shard.purge_all_expired(now);
-        }
-        while shard.bytes + state.size() > self.inner.max_bytes_per_shard {
-            match shard.victim(scope, |u| u.bytes, ScopeUse::oldest_replayable) {
-                Some(victim) => drop(shard.remove(&victim)),
-                None => {
-                    state = State::NotReplayable;
-                    break;
-                }
+            if !shard.make_room_for_bytes(scope, state.size(), max) {
+                state = State::NotReplayable;
             }
         }
         shard.complete(&key, state, saturating_add(now, retention))

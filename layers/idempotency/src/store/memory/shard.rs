@@ -3,7 +3,7 @@
 
 use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimToken, StoreKey, StoredResponse};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -209,6 +209,45 @@ impl Shard {
         largest
             .and_then(|scope| oldest_of(&scope))
             .or_else(|| oldest_of(&claimer))
+    }
+
+    /// Evicts records holding bytes until `size` more bytes fit in `max`, each chosen as
+    /// [`victim`](Self::victim) would by bytes (the oldest of the scope holding the most, if it
+    /// holds strictly more than `claimer`, else the claimer's own oldest); `false` if they do
+    /// not fit even then. One scan of the scopes builds a heap of what the others hold; each
+    /// eviction then changes one scope, updated in the heap: not a scan per record evicted.
+    pub(super) fn make_room_for_bytes(&mut self, claimer: u64, size: usize, max: usize) -> bool {
+        scanned();
+        let mut others: BinaryHeap<(usize, u64)> = self
+            .scopes
+            .iter()
+            .filter(|(scope, usage)| **scope != claimer && usage.bytes > 0)
+            .map(|(scope, usage)| (usage.bytes, *scope))
+            .collect();
+        while self.bytes + size > max {
+            let own = self.scopes.get(&claimer).map_or(0, |usage| usage.bytes);
+            let payer = match others.peek() {
+                Some(&(bytes, scope)) if bytes > own => {
+                    others.pop();
+                    scope
+                }
+                _ => claimer,
+            };
+            let Some((_, key)) = self
+                .scopes
+                .get(&payer)
+                .and_then(ScopeUse::oldest_replayable)
+            else {
+                return false;
+            };
+            self.remove(&key);
+            if payer != claimer {
+                if let Some(usage) = self.scopes.get(&payer).filter(|usage| usage.bytes > 0) {
+                    others.push((usage.bytes, payer));
+                }
+            }
+        }
+        true
     }
 
     pub(super) fn owned_by(&mut self, key: &StoreKey, token: ClaimToken) -> Option<&mut Entry> {
