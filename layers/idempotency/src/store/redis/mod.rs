@@ -191,7 +191,12 @@ impl<C> RedisStore<C> {
 
     /// The Redis key of a record.
     pub fn redis_key(&self, key: StoreKey) -> String {
-        format!("{}{key}", self.shared.prefix)
+        use std::fmt::Write as _;
+        let mut name = String::with_capacity(self.shared.prefix.len() + 64);
+        name.push_str(&self.shared.prefix);
+        // Writing to a `String` cannot fail.
+        let _ = write!(name, "{key}");
+        name
     }
 
     /// The connection.
