@@ -1,7 +1,8 @@
 //! Timeout overhead on the happy path (the inner call completes at once, so the timer never
 //! fires): tower-once's `TimeoutLayer` without and with an active `Deadline`, its
 //! `HttpTimeoutLayer`, `tower::timeout`, and tower-resilience's time limiter, each built once,
-//! outside the timed loop, over the same inner service.
+//! outside the timed loop, over the same inner service; and `tower::timeout` beside
+//! `TimeoutLayer` over an inner service whose future is 256 bytes.
 //!
 //! ```sh
 //! cargo bench --bench timeout --features timeout
@@ -21,6 +22,17 @@ fn inner(
 ) -> impl Service<u64, Response = u64, Error = Infallible, Future: Send + 'static> + Clone + Send + 'static
 {
     tower::service_fn(|x: u64| async move { Ok::<_, Infallible>(x + 1) })
+}
+
+/// The same, with a 256-byte response future (an HTTP client's is larger): every layer's future
+/// then passes the size at which moving it is a `memcpy` call, as in real use.
+fn inner_256(
+) -> impl Service<u64, Response = u64, Error = Infallible, Future: Send + 'static> + Clone + Send + 'static
+{
+    tower::service_fn(|x: u64| {
+        let state = [x as u8; 256];
+        async move { Ok::<_, Infallible>(u64::from(std::hint::black_box(state)[7]) + 1) }
+    })
 }
 
 async fn once<S: Service<u64, Response = u64>>(svc: S) -> u64
@@ -59,6 +71,15 @@ fn bench(c: &mut Criterion) {
     let ours = TimeoutLayer::new(LIMIT).layer(inner());
     group.bench_function("tower_once_timeout", |b| {
         b.to_async(&rt).iter(|| once(ours.clone()))
+    });
+
+    let tower_256 = tower::timeout::TimeoutLayer::new(LIMIT).layer(inner_256());
+    group.bench_function("tower_timeout_256B_inner_future", |b| {
+        b.to_async(&rt).iter(|| once(tower_256.clone()))
+    });
+    let ours_256 = TimeoutLayer::new(LIMIT).layer(inner_256());
+    group.bench_function("tower_once_timeout_256B_inner_future", |b| {
+        b.to_async(&rt).iter(|| once(ours_256.clone()))
     });
 
     // The deadline is made once (far away), so only the layer's work is timed.
