@@ -55,8 +55,11 @@ pin_project! {
             collected: Collector,
             drained: Option<usize>,
         },
+        // Boxed: only a store whose claim is in flight (a network store, whose future is boxed
+        // already) gets here, and inline it would make this the largest state by far (a memory
+        // store's ready answer holds a whole stored response), copied on every transition.
         Claim {
-            claim: PendingClaim<St>,
+            claim: Box<PendingClaim<St>>,
             request: Option<Request<Bytes>>,
         },
         // Fail-open only: the store failed and the handler runs without a claim.
@@ -113,7 +116,15 @@ where
                     parts,
                     collected,
                     drained,
-                } => ready!(ctx.poll_request(span, body, parts, collected, drained, cx)),
+                } => ready!(ctx.poll_request(
+                    span,
+                    body,
+                    parts,
+                    collected,
+                    drained,
+                    this.renew.as_mut(),
+                    cx
+                )),
                 StateProj::Claim { claim, request } => {
                     let outcome = ready!(claim.poll(cx));
                     ctx.claimed(span, outcome, request, this.renew.as_mut())
