@@ -561,7 +561,7 @@ fn main() {
     );
     if let Ok(name) = std::env::var("LOAD_PROFILE") {
         // One row alone for LOAD_SECS, for a profiler (`perf record -e cpu-clock -g`, then
-        // `perf report --comm load-server` for the server's threads).
+        // `perf report --sort comm,symbol`: the server's threads are named load-server).
         let row = ROWS
             .into_iter()
             .find(|row| row.name() == name)
