@@ -336,3 +336,74 @@ where
     res.into_body().collect().await.unwrap();
     (status, replayed)
 }
+
+/// A claim in flight over the network (pending on the first poll) whose request is dropped at
+/// any poll: the handler runs at most once, and the key is free long before its lease ends.
+#[tokio::test]
+async fn a_request_dropped_while_its_redis_claim_is_in_flight_frees_the_key_at_once() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let (handler, runs) = counting_handler(Duration::from_millis(300));
+    let svc = IdempotencyLayer::with_store(store)
+        .lease(Duration::from_secs(60))
+        .cancel_on_disconnect(true)
+        .layer(handler);
+    for polls in 1..4 {
+        let key = format!("dropped-{polls}");
+        let req = Request::post("/charges")
+            .header("idempotency-key", key.as_str())
+            .body(Full::new(Bytes::from_static(b"x")))
+            .unwrap();
+        let mut pending = Box::pin(svc.clone().oneshot(req));
+        for _ in 0..polls {
+            let _ = futures_util::poll!(pending.as_mut());
+            tokio::task::yield_now().await;
+        }
+        drop(pending);
+        let before = runs.load(SeqCst);
+        // Released within 5 s, where the lease is 60 s.
+        assert!(
+            created_within_5s(svc.clone(), &key).await,
+            "dropped after {polls} polls: the key was left held"
+        );
+        assert_eq!(runs.load(SeqCst), before + 1, "dropped after {polls} polls");
+    }
+}
+
+/// The lease is renewed over Redis while the handler runs, also once its client left.
+#[tokio::test]
+async fn a_detached_handler_keeps_its_redis_claim_by_renewing_it() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    let (handler, runs) = counting_handler(LEASE * 5);
+    let svc = IdempotencyLayer::with_store(store)
+        .lease(LEASE)
+        .layer(handler);
+    let first = tokio::spawn(call(svc.clone(), "renewed", "x"));
+    tokio::time::sleep(LEASE / 2).await;
+    assert_eq!(runs.load(SeqCst), 1);
+    first.abort(); // the client went away; the handler goes on on a task of its own
+    tokio::time::sleep(LEASE * 2).await;
+    let (status, _) = call(svc.clone(), "renewed", "x").await;
+    assert_eq!(status, StatusCode::CONFLICT, "the lease was renewed");
+    assert!(created_or_replayed_within_5s(svc.clone(), "renewed").await);
+    assert_eq!(runs.load(SeqCst), 1, "the handler ran once");
+}
+
+/// Retries a keyed call until it is replayed.
+async fn created_or_replayed_within_5s<S>(svc: S, key: &str) -> bool
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_once::idempotency::ResponseBody<Full<Bytes>>>,
+            Error = Infallible,
+        > + Clone,
+{
+    for _ in 0..100 {
+        if call(svc.clone(), key, "x").await.1 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
