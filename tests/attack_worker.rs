@@ -5,25 +5,21 @@
 mod support;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::worker::{eventually, manager, pending, start, xadd};
 use support::RedisServer;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_once::idempotency::store::MemoryStore;
 use tower_once::worker::redis::aio::{ConnectionLike, ConnectionManager};
 use tower_once::worker::redis::{self, RedisFuture, Value};
-use tower_once::worker::{Job, JobError, Producer, RunOnceLayer, RunReport, Worker, WorkerConfig};
+use tower_once::worker::{Job, JobError, Producer, RunOnceLayer, Worker, WorkerConfig};
 
 /// One `XRANGE` row: the entry id and its field/value pairs.
 type Row = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
 const CLAIM_IDLE: Duration = Duration::from_millis(300);
-const LIMIT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Default)]
 struct Log(Arc<Mutex<HashMap<String, Vec<u64>>>>);
@@ -52,12 +48,6 @@ fn config(stream: &str, consumer: &str) -> WorkerConfig {
         .shutdown_grace(Duration::from_secs(10))
 }
 
-async fn manager(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
 async fn xadd_fields<C: ConnectionLike + Send>(
     conn: &mut C,
     stream: &str,
@@ -69,43 +59,6 @@ async fn xadd_fields<C: ConnectionLike + Send>(
         cmd.arg(*k).arg(*v);
     }
     cmd.query_async(conn).await.unwrap()
-}
-
-async fn xadd<C: ConnectionLike + Send>(
-    conn: &mut C,
-    stream: &str,
-    job_id: &str,
-    payload: &str,
-) -> String {
-    xadd_fields(
-        conn,
-        stream,
-        &[
-            (b"job_id", job_id.as_bytes()),
-            (b"payload", payload.as_bytes()),
-        ],
-    )
-    .await
-}
-
-async fn pending<C: ConnectionLike + Send>(conn: &mut C, stream: &str, group: &str) -> u64 {
-    let reply: Value = match redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(group)
-        .query_async(conn)
-        .await
-    {
-        Ok(reply) => reply,
-        Err(e) if e.code() == Some("NOGROUP") => return 0,
-        Err(e) => panic!("XPENDING: {e}"),
-    };
-    match reply {
-        Value::Array(parts) => match parts.first() {
-            Some(Value::Int(n)) => *n as u64,
-            _ => 0,
-        },
-        _ => 0,
-    }
 }
 
 /// The dead letters of `stream` as field maps (values lossily decoded).
@@ -135,51 +88,6 @@ async fn dead_letters<C: ConnectionLike + Send>(
                 .collect()
         })
         .collect()
-}
-
-async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < LIMIT, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<RunReport>,
-}
-
-impl Running {
-    fn spawn<W>(run: impl FnOnce(oneshot::Receiver<()>) -> W) -> Self
-    where
-        W: Future<Output = RunReport> + Send + 'static,
-    {
-        let (stop, rx) = oneshot::channel();
-        Self {
-            stop: Some(stop),
-            task: tokio::spawn(run(rx)),
-        }
-    }
-
-    async fn stop(mut self) -> RunReport {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(LIMIT, &mut self.task)
-            .await
-            .unwrap()
-            .unwrap()
-    }
-}
-
-macro_rules! start {
-    ($worker:expr) => {{
-        let worker = $worker;
-        Running::spawn(move |rx| {
-            worker.run(async move {
-                let _ = rx.await;
-            })
-        })
-    }};
 }
 
 fn handler(
@@ -311,7 +219,7 @@ async fn a_duplicate_enqueued_during_a_long_run_is_acked_as_duplicate() {
     .await;
     eventually("nothing pending", || {
         let mut conn = conn.clone();
-        async move { pending(&mut conn, "dup", "workers").await == 0 }
+        async move { pending(&mut conn, "dup").await == 0 }
     })
     .await;
     let report = worker.stop().await;
@@ -526,7 +434,7 @@ async fn poison_entries_are_dead_lettered_unrun_and_nothing_sticks() {
     eventually("all handled", || {
         let mut conn = conn.clone();
         async move {
-            pending(&mut conn, "poison", "workers").await == 0
+            pending(&mut conn, "poison").await == 0
                 && dead_letters(&mut conn, "poison").await.len() >= n_malformed
         }
     })
@@ -548,7 +456,7 @@ async fn poison_entries_are_dead_lettered_unrun_and_nothing_sticks() {
     assert_eq!(seen_payload.lock().unwrap().get("huge"), Some(&(6 << 20)));
     assert_eq!(log.calls("ghost-1"), 0, "a deleted entry is not run");
     assert_eq!(log.total(), 4, "only the valid jobs ran");
-    assert_eq!(pending(&mut conn, "poison", "workers").await, 0);
+    assert_eq!(pending(&mut conn, "poison").await, 0);
 }
 
 /// Was a break found by the attack, now fixed. A worker never hands itself a job it is running: `take_over` did not skip the
@@ -572,7 +480,7 @@ async fn a_worker_never_takes_over_its_own_running_entry_when_a_refresh_fails() 
         start!(Worker::new(config("self", "w").max_deliveries(3), reader, writer, svc).unwrap());
     eventually("finished", || {
         let mut conn = conn.clone();
-        async move { pending(&mut conn, "self", "workers").await == 0 }
+        async move { pending(&mut conn, "self").await == 0 }
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1600)).await;

@@ -18,9 +18,11 @@ use tower_once_idempotency::fingerprint::Fingerprint;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, MemoryStore, StoreError, StoreKey,
 };
-use tower_once_idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_idempotency::IdempotencyLayer;
 
-type Req = Request<RequestBody<Full<Bytes>>>;
+mod support;
+
+use support::Handler;
 type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 /// How the store answers a claim. The claim always takes effect when `claim` is called.
@@ -185,61 +187,6 @@ impl IdempotencyStore for Store {
     }
 }
 
-/// Counts its runs; `sleep_ms=N` sleeps first, `status=N` answers N. Remembers whether it saw
-/// a claim token.
-#[derive(Clone, Default)]
-struct Handler {
-    runs: Arc<AtomicUsize>,
-    tokens: Arc<AtomicUsize>,
-}
-
-impl Handler {
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-}
-
-impl Service<Req> for Handler {
-    type Response = Response<Full<Bytes>>;
-    type Error = &'static str;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        let run = self.runs.fetch_add(1, SeqCst) + 1;
-        if req.extensions().get::<ClaimToken>().is_some() {
-            self.tokens.fetch_add(1, SeqCst);
-        }
-        Box::pin(async move {
-            let query = req.uri().query().unwrap_or("").to_owned();
-            let param = |name: &str| {
-                query.split('&').find_map(|kv| {
-                    kv.strip_prefix(name)?
-                        .strip_prefix('=')?
-                        .parse::<u64>()
-                        .ok()
-                })
-            };
-            if let Some(ms) = param("sleep_ms") {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-            }
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            let status = StatusCode::from_u16(param("status").unwrap_or(201) as u16).unwrap();
-            Ok(Response::builder()
-                .status(status)
-                .header("x-run", run.to_string())
-                .body(Full::new(Bytes::from(format!(
-                    "run {run}: {}",
-                    String::from_utf8_lossy(&body)
-                ))))
-                .unwrap())
-        })
-    }
-}
-
 fn post(uri: &str, body: &'static str) -> Request<Full<Bytes>> {
     post_as("k", uri, body)
 }
@@ -378,7 +325,7 @@ async fn a_claim_whose_answer_is_lost_fails_open_without_a_claim_and_releases() 
         assert_eq!(ran.status, StatusCode::CREATED, "{claims:?}");
         assert_eq!(handler.runs(), 1, "{claims:?}: fail-open runs it");
         assert_eq!(
-            handler.tokens.load(SeqCst),
+            handler.tokens_seen(),
             0,
             "{claims:?}: without a claim, no claim token"
         );

@@ -17,75 +17,9 @@ use tower_once_idempotency::store::{
 use tower_once_idempotency::{fingerprint::Fingerprint, scope::HeaderScope};
 use tower_once_idempotency::{IdempotencyLayer, RequestBody};
 
-type Req = Request<RequestBody<Full<Bytes>>>;
+mod support;
 
-/// A handler that counts its runs. The query controls it: `status=N` answers N, `sleep_ms=N`
-/// sleeps first, `big=N` answers N bytes, `fail` returns a service error.
-#[derive(Clone, Default)]
-struct Handler {
-    runs: Arc<AtomicUsize>,
-    tokens: Arc<std::sync::Mutex<Vec<ClaimToken>>>,
-}
-
-impl Handler {
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-}
-
-impl Service<Req> for Handler {
-    type Response = Response<Full<Bytes>>;
-    type Error = &'static str;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        let run = self.runs.fetch_add(1, SeqCst) + 1;
-        if let Some(token) = req.extensions().get::<ClaimToken>() {
-            self.tokens.lock().unwrap().push(*token);
-        }
-        Box::pin(async move {
-            let query = req.uri().query().unwrap_or("").to_owned();
-            let param = |name: &str| {
-                query.split('&').find_map(|kv| {
-                    kv.strip_prefix(name)?
-                        .strip_prefix('=')?
-                        .parse::<u64>()
-                        .ok()
-                })
-            };
-            if let Some(ms) = param("sleep_ms") {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-            }
-            if query.contains("fail") {
-                return Err("inner service failed");
-            }
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            let status = StatusCode::from_u16(param("status").unwrap_or(201) as u16).unwrap();
-            let payload = match param("big") {
-                Some(n) => Bytes::from(vec![b'x'; n as usize]),
-                None => Bytes::from(format!("run {run}: {}", String::from_utf8_lossy(&body))),
-            };
-            Ok(Response::builder()
-                .status(status)
-                .header("content-type", "text/plain")
-                .header("set-cookie", "a=1")
-                .header("set-cookie", "b=2")
-                .header("x-run", run.to_string())
-                .header("connection", "x-hop")
-                .header("x-hop", "per-connection")
-                .header("keep-alive", "timeout=5")
-                .body(Full::new(payload))
-                .unwrap())
-        })
-    }
-}
+use support::{Handler, Req};
 
 fn post(uri: &str, key: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
     let mut builder = Request::post(uri);

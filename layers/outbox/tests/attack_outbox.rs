@@ -6,23 +6,11 @@ mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use support::{quick, Schema, Sent};
+use std::time::Duration;
+use support::{failing_first, quick, within, Running, Schema, Sent};
 use tower::service_fn;
 use tower_once_outbox::{Enqueued, Outbox, OutboxMessage, OutboxRelay};
 use tower_once_retry::classify::Action;
-
-/// Polls `check` every 20 ms for at most `limit`.
-async fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    check()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Breaks
@@ -92,21 +80,14 @@ async fn an_unbounded_shutdown_grace_does_not_panic_at_shutdown() {
         }),
     )
     .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(|stopped| relay.run(stopped));
     db.enqueue(&outbox, "in-flight", "{}").await;
     assert!(
         within(Duration::from_secs(5), || started.load(Ordering::SeqCst)
             == 1)
         .await
     );
-    stop.send(()).unwrap();
-    let report = tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .expect("run stops");
-    let report = report.expect("run must not panic at shutdown");
+    let report = running.stop().await;
     assert_eq!(report.totals.sent, 1, "the send in flight finished");
 }
 
@@ -130,19 +111,12 @@ async fn a_relay_on_a_one_connection_pool_still_sends() {
         }),
     )
     .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(|stopped| relay.run(stopped));
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Enqueued through the test's own pool.
     db.enqueue(&Outbox::new(db.pool.clone()), "k", "{}").await;
     let delivered = within(Duration::from_secs(4), || sent.of("k") == 1).await;
-    stop.send(()).unwrap();
-    let report = tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .expect("run stops")
-        .unwrap();
+    let report = running.stop().await;
     assert!(
         delivered,
         "never sent with a one-connection pool: {report:?}"
@@ -157,30 +131,17 @@ async fn a_running_relay_picks_up_a_retried_parked_row_at_once() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
     let relay = OutboxRelay::new(
         outbox.clone(),
         quick().poll_interval(Duration::from_secs(600)),
-        service_fn(move |_m: OutboxMessage| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Err("400 bad address")
-                } else {
-                    Ok(())
-                }
-            }
-        }),
+        failing_first(&calls, "400 bad address"),
     )
     .unwrap()
     .classify(|r: &Result<(), &str>| match r {
         Ok(()) => Action::Success,
         Err(_) => Action::Stop,
     });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(|stopped| relay.run(stopped));
     tokio::time::sleep(Duration::from_millis(300)).await;
     db.enqueue(&outbox, "k", "{}").await;
     assert!(
@@ -198,8 +159,7 @@ async fn a_running_relay_picks_up_a_retried_parked_row_at_once() {
     assert_eq!(parked.len(), 1);
     assert!(outbox.retry_parked(parked[0].id).await.unwrap());
     let resent = within(Duration::from_secs(3), || calls.load(Ordering::SeqCst) == 2).await;
-    stop.send(()).unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
+    running.stop_ignoring_outcome().await;
     assert!(resent, "retry_parked: a running relay picks it up at once");
 }
 
@@ -416,10 +376,7 @@ async fn a_relay_whose_connections_are_killed_recovers_and_still_wakes_on_notify
         }),
     )
     .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(|stopped| relay.run(stopped));
     tokio::time::sleep(Duration::from_millis(300)).await;
     db.enqueue(&outbox, "before", "{}").await;
     assert!(within(Duration::from_secs(3), || sent.of("before") == 1).await);
@@ -443,8 +400,7 @@ async fn a_relay_whose_connections_are_killed_recovers_and_still_wakes_on_notify
     }
     assert!(enqueued);
     let delivered = within(Duration::from_secs(2), || sent.of("after") == 1).await;
-    stop.send(()).unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
+    running.stop_ignoring_outcome().await;
     assert!(
         delivered,
         "the relay re-LISTENed after its connections died"

@@ -126,25 +126,13 @@ async fn hanging_sends_hold_only_their_own_slots() {
         db.enqueue(&outbox, &format!("fast-{i}"), "{}").await;
     }
     let sent = Sent::default();
-    let s = sent.clone();
     let relay = OutboxRelay::new(
         outbox.clone(),
         quick()
             .batch_size(8)
             .poll_interval(Duration::from_millis(200))
             .shutdown_grace(Duration::ZERO),
-        service_fn(move |m: OutboxMessage| {
-            let hang = m.dedupe_key().starts_with("hang");
-            if !hang {
-                s.note(&m);
-            }
-            async move {
-                if hang {
-                    std::future::pending::<()>().await;
-                }
-                Ok::<_, &'static str>(())
-            }
-        }),
+        sent.hanging_on("hang"),
     )
     .unwrap();
     let report = relay.run(tokio::time::sleep(Duration::from_secs(3))).await;

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{quick, Schema, Sent};
+use support::{failing_first, quick, within, Running, Schema, Sent};
 use tower::service_fn;
 use tower_once_outbox::{Enqueued, Outbox, OutboxMessage, OutboxRelay, RelayConfig};
 use tower_once_retry::classify::Action;
@@ -139,20 +139,10 @@ async fn a_permanent_failure_parks_after_one_call_and_a_person_can_retry_it() {
     let outbox = db.outbox().await;
     db.enqueue(&outbox, "bad", "{}").await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
     let relay = OutboxRelay::new(
         outbox.clone(),
         quick(),
-        service_fn(move |_m: OutboxMessage| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Err("400 bad address")
-                } else {
-                    Ok(())
-                }
-            }
-        }),
+        failing_first(&calls, "400 bad address"),
     )
     .unwrap()
     .classify(|r: &Result<(), &str>| match r {
@@ -369,42 +359,23 @@ async fn run_wakes_on_notify_and_shutdown_releases_sends_in_flight() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     let sent = Sent::default();
-    let s = sent.clone();
     let relay = OutboxRelay::new(
         outbox.clone(),
         quick()
             .poll_interval(Duration::from_secs(600))
             .shutdown_grace(Duration::from_millis(100)),
-        service_fn(move |m: OutboxMessage| {
-            let s = s.clone();
-            async move {
-                if m.dedupe_key() == "slow" {
-                    std::future::pending::<()>().await;
-                }
-                s.note(&m);
-                Ok::<_, &'static str>(())
-            }
-        }),
+        sent.hanging_on("slow"),
     )
     .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(|stopped| relay.run(stopped));
     // Give the relay time to LISTEN, then enqueue: only a NOTIFY can wake it (poll: 10 min).
     tokio::time::sleep(Duration::from_millis(300)).await;
     db.enqueue(&outbox, "fast", "{}").await;
-    for _ in 0..100 {
-        if sent.of("fast") == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    within(Duration::from_secs(5), || sent.of("fast") == 1).await;
     assert_eq!(sent.of("fast"), 1, "woken by NOTIFY");
     db.enqueue(&outbox, "slow", "{}").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.send(()).unwrap();
-    let report = running.await.unwrap();
+    let report = running.stop().await;
     assert_eq!(report.totals.sent, 1);
     assert_eq!(report.totals.released, 1);
     // Released, not leased: due now, with no attempt counted.
@@ -456,42 +427,18 @@ async fn a_hanging_send_holds_back_only_its_own_row() {
     let outbox = db.outbox().await;
     db.enqueue(&outbox, "hang", "{}").await;
     let sent = Sent::default();
-    let s = sent.clone();
     // The hanging send may take 24 s (80 % of a 30 s lease) before it is cut.
     let config = RelayConfig::new()
         .lease(Duration::from_secs(30))
         .poll_interval(Duration::from_secs(600))
         .shutdown_grace(Duration::from_millis(50));
-    let relay = OutboxRelay::new(
-        outbox.clone(),
-        config,
-        service_fn(move |m: OutboxMessage| {
-            let s = s.clone();
-            async move {
-                if m.dedupe_key() == "hang" {
-                    std::future::pending::<()>().await;
-                }
-                s.note(&m);
-                Ok::<_, &'static str>(())
-            }
-        }),
-    )
-    .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let relay = OutboxRelay::new(outbox.clone(), config, sent.hanging_on("hang")).unwrap();
+    let running = Running::start(|stopped| relay.run(stopped));
     tokio::time::sleep(Duration::from_millis(300)).await;
     db.enqueue(&outbox, "fast", "{}").await;
-    for _ in 0..100 {
-        if sent.of("fast") == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    within(Duration::from_secs(5), || sent.of("fast") == 1).await;
     assert_eq!(sent.of("fast"), 1, "sent while the other send still hangs");
-    stop.send(()).unwrap();
-    let report = running.await.unwrap();
+    let report = running.stop().await;
     assert_eq!((report.totals.sent, report.totals.released), (1, 1));
 }
 
@@ -500,20 +447,10 @@ async fn a_failed_row_is_tried_again_when_due_not_at_the_next_poll() {
     let db = Schema::new().await;
     let outbox = db.outbox().await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
     let relay = OutboxRelay::new(
         outbox.clone(),
         quick().poll_interval(Duration::from_secs(600)),
-        service_fn(move |_m: OutboxMessage| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Err("503")
-                } else {
-                    Ok(())
-                }
-            }
-        }),
+        failing_first(&calls, "503"),
     )
     .unwrap()
     .classify(|r: &Result<(), &str>| match r {
@@ -522,24 +459,15 @@ async fn a_failed_row_is_tried_again_when_due_not_at_the_next_poll() {
             after: Some(Duration::from_millis(300)),
         },
     });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(|stopped| relay.run(stopped));
     tokio::time::sleep(Duration::from_millis(300)).await;
     db.enqueue(&outbox, "k", "{}").await;
-    for _ in 0..100 {
-        if calls.load(Ordering::SeqCst) == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    within(Duration::from_secs(5), || calls.load(Ordering::SeqCst) == 2).await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
         2,
         "retried when due (poll: 10 min)"
     );
-    stop.send(()).unwrap();
-    let report = running.await.unwrap();
+    let report = running.stop().await;
     assert_eq!((report.totals.failed, report.totals.sent), (1, 1));
 }

@@ -23,6 +23,8 @@ use tower_once_retry::hook::RetryEvent;
 use tower_once_retry::{GiveUp, RetryLayer};
 use tower_once_timeout::Deadline;
 
+mod support;
+
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A fixed 100 ms wait between attempts, no jitter.
@@ -409,23 +411,7 @@ fn a_budget_floor_is_shared_by_every_copy_and_every_runtime() {
             counted.fetch_add(1, SeqCst);
         });
     let (a, b) = (layer.layer(failing()), layer.layer(failing()));
-    let threads: Vec<_> = (0..16)
-        .map(|i| {
-            let svc = if i % 2 == 0 { a.clone() } else { b.clone() };
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    for _ in 0..20 {
-                        let _ = svc.clone().oneshot(1).await;
-                    }
-                });
-            })
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
+    support::calls_on_threads(16, 20, |i| if i % 2 == 0 { a.clone() } else { b.clone() });
     let s = layer.stats();
     assert_eq!(s.operations, 320, "{s:?}");
     assert!(

@@ -13,6 +13,8 @@ use tower_once_retry::http::ReplayBody;
 use tower_once_retry::RetryLayer;
 use tower_once_timeout::Deadline;
 
+mod support;
+
 type HttpReq = Request<ReplayBody<Full<Bytes>>>;
 
 /// An upstream that always answers `status`, counting calls.
@@ -232,23 +234,7 @@ fn calls_on_many_threads_share_one_budget_and_one_set_of_counters() {
             Duration::from_secs(60),
         ));
     let svc = layer.layer(failing);
-    let threads: Vec<_> = (0..12)
-        .map(|_| {
-            let svc = svc.clone();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    for _ in 0..50 {
-                        let _ = svc.clone().oneshot(1).await;
-                    }
-                });
-            })
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
+    support::calls_on_threads(12, 50, |_| svc.clone());
     let stats = layer.stats();
     assert_eq!(stats.operations, 600, "{stats:?}");
     // 10 % of 600 requests, give or take the budget's documented edge races.

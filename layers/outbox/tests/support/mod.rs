@@ -6,9 +6,12 @@
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::collections::HashMap;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tower_once_outbox::{Enqueued, Outbox, OutboxMessage, RelayConfig};
 use tower_once_retry::backoff::Backoff;
 
@@ -139,10 +142,60 @@ impl Sent {
             .count()
     }
 
+    /// A sender that never finishes a message whose key starts with `prefix` and notes every
+    /// other one it sends.
+    pub(crate) fn hanging_on(
+        &self,
+        prefix: &'static str,
+    ) -> impl tower::Service<
+        OutboxMessage,
+        Response = (),
+        Error = &'static str,
+        Future: Send + 'static,
+    > + Clone
+           + Send
+           + 'static {
+        let sent = self.clone();
+        tower::service_fn(move |m: OutboxMessage| {
+            let hang = m.dedupe_key().starts_with(prefix);
+            if !hang {
+                sent.note(&m);
+            }
+            async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                Ok(())
+            }
+        })
+    }
+
     /// The most sends of any one key.
     pub(crate) fn max(&self) -> usize {
         self.0.lock().unwrap().values().copied().max().unwrap_or(0)
     }
+}
+
+/// A sender that fails its first send with `error`, sends every later one, and counts them all
+/// in `calls`.
+pub(crate) fn failing_first(
+    calls: &Arc<std::sync::atomic::AtomicUsize>,
+    error: &'static str,
+) -> impl tower::Service<OutboxMessage, Response = (), Error = &'static str, Future: Send + 'static>
+       + Clone
+       + Send
+       + 'static {
+    let calls = Arc::clone(calls);
+    tower::service_fn(move |_m: OutboxMessage| {
+        let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Err(error)
+            } else {
+                Ok(())
+            }
+        }
+    })
 }
 
 /// A 1 s lease (sends cut at 800 ms) and a 1 ms backoff: failed rows are due again at once.
@@ -151,4 +204,52 @@ pub(crate) fn quick() -> RelayConfig {
         .lease(Duration::from_secs(1))
         .send_timeout(Duration::from_millis(800))
         .backoff(Backoff::new(Duration::from_millis(1), 1.0, Duration::from_millis(1)).unwrap())
+}
+
+/// Whether `check` holds within `limit`, checked every 20 ms.
+pub(crate) async fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
+
+/// A relay's `run` on a task of its own, until `stop`.
+pub(crate) struct Running<T> {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<T>,
+}
+
+impl<T: Send + 'static> Running<T> {
+    /// Spawns `run(shutdown)`, where `shutdown` completes when [`stop`](Self::stop) is called.
+    pub(crate) fn start<F>(run: impl FnOnce(oneshot::Receiver<()>) -> F) -> Self
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        let (stop, stopped) = oneshot::channel();
+        Self {
+            stop,
+            task: tokio::spawn(run(stopped)),
+        }
+    }
+
+    /// Asks the run to stop and returns what it returned: within 5 s, without a panic.
+    pub(crate) async fn stop(self) -> T {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the run stops within 5 s")
+            .expect("the run must not panic")
+    }
+
+    /// Asks the run to stop and waits up to 5 s for it, whatever it ends with (for tests whose
+    /// assertion is about something else).
+    pub(crate) async fn stop_ignoring_outcome(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
 }
