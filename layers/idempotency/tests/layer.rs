@@ -606,6 +606,36 @@ async fn oversized_response_reaches_its_caller_and_is_never_rerun() {
     assert_eq!(handler.runs(), 1);
 }
 
+/// Was broken: when the memory store's bytes were full, a new response made room by
+/// forgetting older records, so the retry of an older key ran its handler a second time. Now
+/// the older record only loses its response: its retry is `409 not-replayable`, never a run.
+#[tokio::test(start_paused = true)]
+async fn byte_pressure_drops_old_responses_but_never_reruns_their_handlers() {
+    use tower_once_idempotency::store::MemoryStore;
+    let handler = Handler::default();
+    // 10 entries: one shard, so the whole byte bound applies to these keys.
+    let store = MemoryStore::builder()
+        .max_entries(10)
+        .max_bytes(1_000)
+        .build();
+    let mut svc = layer().store(store).layer(handler.clone());
+    let first = send(&mut svc, post("/c?big=600", Some("old"), "x")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let second = send(&mut svc, post("/c?big=600", Some("new"), "x")).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2);
+
+    let replay = send(&mut svc, post("/c?big=600", Some("new"), "x")).await;
+    assert!(replay.replayed(), "the newer response is kept");
+    let retry = send(&mut svc, post("/c?big=600", Some("old"), "x")).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(
+        retry.problem_type(),
+        "urn:tower-once:idempotency:not-replayable"
+    );
+    assert_eq!(handler.runs(), 2, "the older key's handler ran again");
+}
+
 #[tokio::test(start_paused = true)]
 async fn handler_sees_its_claim_token() {
     let handler = Handler::default();

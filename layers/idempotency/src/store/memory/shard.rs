@@ -1,9 +1,11 @@
 //! One shard of the memory store: its records, their expiry indices, and what each scope
 //! holds.
 
+use super::rank::Ranking;
 use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimToken, StoreKey, StoredResponse};
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -20,6 +22,12 @@ pub(super) struct Shard {
     pub(super) bytes: usize,
     // What each scope holds in this shard, to decide who pays when room must be made.
     pub(super) scopes: HashMap<u64, ScopeUse, BuildHasherDefault<TagHasher>>,
+    // The scopes ranked by entries (and whether they hold a completed record), by bytes, and
+    // by their first completed record to expire: a full shard finds who pays, and what
+    // expired, without visiting every scope. Each is pushed to as its rank changes.
+    pub(super) by_entries: Ranking<(usize, bool)>,
+    pub(super) by_bytes: Ranking<usize>,
+    pub(super) by_expiry: Ranking<Reverse<Instant>>,
 }
 
 /// Hashes a scope tag as itself. Tags are already keyed hashes (SipHash under a random
@@ -47,15 +55,15 @@ impl Hasher for TagHasher {
 
 #[cfg(test)]
 thread_local! {
-    /// Counts the scans of a shard's scopes this thread made (test-only): what an operation
-    /// costs beyond its own key's records.
-    pub(super) static SCOPE_SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Counts the scopes this thread's operations visited one by one (test-only): what an
+    /// operation costs beyond its own key's records and scope.
+    pub(super) static SCOPE_VISITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 #[inline(always)]
-fn scanned() {
+pub(super) fn visited(_scopes: usize) {
     #[cfg(test)]
-    SCOPE_SCANS.with(|scans| scans.set(scans.get() + 1));
+    SCOPE_VISITS.with(|visits| visits.set(visits.get() + _scopes));
 }
 
 #[derive(Default)]
@@ -80,6 +88,23 @@ impl ScopeUse {
     /// The completed record that holds bytes and expires first.
     pub(super) fn oldest_replayable(&self) -> Option<(Instant, StoreKey)> {
         self.replayable.first().copied()
+    }
+
+    /// Its rank for room by entries: what it holds, then whether it has a completed record to
+    /// give (among equals, one that can pay is chosen).
+    pub(super) fn entries_rank(&self) -> (usize, bool) {
+        let gives = !(self.replayable.is_empty() && self.not_replayable.is_empty());
+        (self.entries, gives)
+    }
+
+    /// Its rank for room by bytes: `None` when it holds none.
+    pub(super) fn bytes_rank(&self) -> Option<usize> {
+        (self.bytes > 0).then_some(self.bytes)
+    }
+
+    /// Its rank for expiry: the end of its first completed record to expire, soonest first.
+    pub(super) fn expiry_rank(&self) -> Option<Reverse<Instant>> {
+        self.oldest_completed().map(|(at, _)| Reverse(at))
     }
 
     fn index(&mut self, state: &State) -> &mut BTreeSet<(Instant, StoreKey)> {
@@ -128,15 +153,22 @@ impl State {
 impl Shard {
     pub(super) fn insert(&mut self, key: StoreKey, entry: Entry) {
         let size = entry.state.size();
-        let usage = self.scopes.entry(entry.scope).or_default();
+        let scope = entry.scope;
+        let usage = self.scopes.entry(scope).or_default();
         usage.entries += 1;
         usage.bytes += size;
+        let completed = !matches!(entry.state, State::InProgress { .. });
         match entry.state {
             State::InProgress { .. } => self.leases.insert((entry.expires_at, key)),
             _ => usage.index(&entry.state).insert((entry.expires_at, key)),
         };
         self.bytes += size;
         self.map.insert(key, entry);
+        self.rank_entries(scope);
+        if completed {
+            self.rank_bytes(scope);
+            self.rank_expiry(scope);
+        }
     }
 
     /// Turns the claim in progress under `key` into a completed record in place: one lookup
@@ -154,9 +186,20 @@ impl Shard {
         self.leases.remove(&(lease_end, *key));
         self.bytes += size;
         let usage = self.scopes.entry(scope).or_default();
+        let gave = usage.entries_rank().1;
         usage.bytes += size;
         usage.index(&state).insert((expires_at, *key));
+        let first_to_expire = usage.oldest_completed() == Some((expires_at, *key));
         entry.state = state;
+        if !gave {
+            self.rank_entries(scope);
+        }
+        if size > 0 {
+            self.rank_bytes(scope);
+        }
+        if first_to_expire {
+            self.rank_expiry(scope);
+        }
         true
     }
 
@@ -164,73 +207,133 @@ impl Shard {
         let entry = self.map.remove(key)?;
         let size = entry.state.size();
         let at = (entry.expires_at, *key);
-        if let State::InProgress { .. } = entry.state {
+        let completed = !matches!(entry.state, State::InProgress { .. });
+        if !completed {
             self.leases.remove(&at);
         }
         if let Some(usage) = self.scopes.get_mut(&entry.scope) {
             usage.entries -= 1;
             usage.bytes -= size;
-            if !matches!(entry.state, State::InProgress { .. }) {
+            if completed {
                 usage.index(&entry.state).remove(&at);
             }
             if usage.entries == 0 {
+                // Its ranks go stale, and are dropped as they are met.
                 self.scopes.remove(&entry.scope);
+            } else {
+                self.rank_entries(entry.scope);
+                if completed {
+                    self.rank_bytes(entry.scope);
+                    self.rank_expiry(entry.scope);
+                }
             }
         }
         self.bytes -= size;
         Some(entry)
     }
 
-    /// The record to evict to make room for `claimer`: the oldest evictable record of the
-    /// scope that holds the most (by `weight`), or else the claimer's own oldest. `None` if
-    /// neither has one: the claimer is refused rather than a bystander paying for it.
-    /// The claimer counts as the largest when it holds as much as any other scope, so a scope
-    /// whose claims are all in progress never makes an equal pay for it.
-    /// `oldest` picks a scope's first evictable record (of all completed ones for an entry,
-    /// of those holding bytes for bytes). Expired records are dropped first
-    /// ([`purge_all_expired`](Self::purge_all_expired)), so only live ones are weighed.
-    pub(super) fn victim(
-        &self,
-        claimer: u64,
-        weight: fn(&ScopeUse) -> usize,
-        oldest: fn(&ScopeUse) -> Option<(Instant, StoreKey)>,
-    ) -> Option<StoreKey> {
-        scanned();
-        let oldest_of = |scope: &u64| Some(oldest(self.scopes.get(scope)?)?.1);
-        let own = self.scopes.get(&claimer).map_or(0, weight);
-        // The largest other scope; among equals, one with something to give.
-        let largest = self
-            .scopes
-            .iter()
-            .filter(|(scope, _)| **scope != claimer)
-            .max_by_key(|(_, usage)| (weight(usage), oldest(usage).is_some()))
-            .filter(|(_, usage)| weight(usage) > own)
-            .map(|(scope, _)| *scope);
-        largest
-            .and_then(|scope| oldest_of(&scope))
-            .or_else(|| oldest_of(&claimer))
+    /// Drops the response of the completed record under `key` and keeps the record as not
+    /// replayable: its handler ran, so its key must stay taken. Returns the response, to be
+    /// dropped once the lock is released.
+    fn demote(&mut self, key: &StoreKey) -> Option<Arc<StoredResponse>> {
+        let entry = self.map.get_mut(key)?;
+        let State::Completed { size, .. } = entry.state else {
+            return None;
+        };
+        let State::Completed { response, .. } =
+            std::mem::replace(&mut entry.state, State::NotReplayable)
+        else {
+            return None;
+        };
+        let at = (entry.expires_at, *key);
+        let scope = entry.scope;
+        if let Some(usage) = self.scopes.get_mut(&scope) {
+            usage.bytes -= size;
+            usage.replayable.remove(&at);
+            usage.not_replayable.insert(at);
+        }
+        self.bytes -= size;
+        self.rank_bytes(scope);
+        Some(response)
     }
 
-    /// Evicts records holding bytes until `size` more bytes fit in `max`, each chosen as
-    /// [`victim`](Self::victim) would by bytes (the oldest of the scope holding the most, if it
-    /// holds strictly more than `claimer`, else the claimer's own oldest); `false` if they do
-    /// not fit even then. One scan of the scopes builds a heap of what the others hold; each
-    /// eviction then changes one scope, updated in the heap: not a scan per record evicted.
-    pub(super) fn make_room_for_bytes(&mut self, claimer: u64, size: usize, max: usize) -> bool {
-        scanned();
-        let mut others: BinaryHeap<(usize, u64)> = self
-            .scopes
-            .iter()
-            .filter(|(scope, usage)| **scope != claimer && usage.bytes > 0)
-            .map(|(scope, usage)| (usage.bytes, *scope))
-            .collect();
+    fn rank_entries(&mut self, scope: u64) {
+        let Some(usage) = self.scopes.get(&scope) else {
+            return;
+        };
+        let scopes = &self.scopes;
+        self.by_entries
+            .push(usage.entries_rank(), scope, scopes.len(), || {
+                scopes.iter().map(|(tag, u)| (u.entries_rank(), *tag))
+            });
+    }
+
+    fn rank_bytes(&mut self, scope: u64) {
+        let Some(rank) = self.scopes.get(&scope).and_then(ScopeUse::bytes_rank) else {
+            return;
+        };
+        let scopes = &self.scopes;
+        self.by_bytes.push(rank, scope, scopes.len(), || {
+            scopes
+                .iter()
+                .filter_map(|(tag, u)| Some((u.bytes_rank()?, *tag)))
+        });
+    }
+
+    fn rank_expiry(&mut self, scope: u64) {
+        let Some(rank) = self.scopes.get(&scope).and_then(ScopeUse::expiry_rank) else {
+            return;
+        };
+        let scopes = &self.scopes;
+        self.by_expiry.push(rank, scope, scopes.len(), || {
+            scopes
+                .iter()
+                .filter_map(|(tag, u)| Some((u.expiry_rank()?, *tag)))
+        });
+    }
+
+    /// The record to evict to make room for a new entry of `claimer`: the oldest completed
+    /// record of the scope that holds the most entries, or else the claimer's own oldest.
+    /// `None` if neither has one: the claimer is refused rather than a bystander paying for it.
+    /// The claimer counts as the largest when it holds as much as any other scope, so a scope
+    /// whose claims are all in progress never makes an equal pay for it. Expired records are
+    /// dropped first ([`purge_all_expired`](Self::purge_all_expired)), so only live ones are
+    /// weighed.
+    pub(super) fn victim(&mut self, claimer: u64) -> Option<StoreKey> {
+        let own = self.scopes.get(&claimer).map_or(0, |usage| usage.entries);
+        let scopes = &self.scopes;
+        // The largest scope; among equals, one with something to give. When it is not the
+        // claimer but holds no more than it, the claimer counts as the largest.
+        let largest = self
+            .by_entries
+            .top(|tag| scopes.get(&tag).map(ScopeUse::entries_rank))
+            .filter(|&((entries, _), tag)| tag != claimer && entries > own)
+            .map(|(_, tag)| tag);
+        let oldest_of = |tag: u64| Some(self.scopes.get(&tag)?.oldest_completed()?.1);
+        largest.and_then(oldest_of).or_else(|| oldest_of(claimer))
+    }
+
+    /// Makes `size` more bytes fit in `max` by dropping the responses of completed records
+    /// (their keys stay, not replayable), each from the scope holding the most bytes if it
+    /// holds strictly more than `claimer`, else from the claimer's own oldest; `false` if they
+    /// do not fit even then. The responses dropped are returned, to be freed once the lock is
+    /// released.
+    pub(super) fn make_room_for_bytes(
+        &mut self,
+        claimer: u64,
+        size: usize,
+        max: usize,
+        freed: &mut Vec<Arc<StoredResponse>>,
+    ) -> bool {
         while self.bytes + size > max {
             let own = self.scopes.get(&claimer).map_or(0, |usage| usage.bytes);
-            let payer = match others.peek() {
-                Some(&(bytes, scope)) if bytes > own => {
-                    others.pop();
-                    scope
-                }
+            let scopes = &self.scopes;
+            // The scope holding the most bytes pays if it holds strictly more than the claimer.
+            let payer = match self
+                .by_bytes
+                .top(|tag| scopes.get(&tag).and_then(ScopeUse::bytes_rank))
+            {
+                Some((bytes, tag)) if bytes > own => tag,
                 _ => claimer,
             };
             let Some((_, key)) = self
@@ -240,12 +343,7 @@ impl Shard {
             else {
                 return false;
             };
-            self.remove(&key);
-            if payer != claimer {
-                if let Some(usage) = self.scopes.get(&payer).filter(|usage| usage.bytes > 0) {
-                    others.push((usage.bytes, payer));
-                }
-            }
+            freed.extend(self.demote(&key));
         }
         true
     }
@@ -269,17 +367,21 @@ impl Shard {
     }
 
     /// Drops every scope's completed records past their retention: before room is made, so
-    /// that a live record never pays while an expired one stays. A scan of the shard's scopes,
-    /// as choosing who pays already is.
+    /// that a live record never pays while an expired one stays. The scopes are met soonest
+    /// expiry first, so only those holding an expired record are visited.
     pub(super) fn purge_all_expired(&mut self, now: Instant) {
-        scanned();
-        let expired: Vec<u64> = self
-            .scopes
-            .iter()
-            .filter(|(_, usage)| usage.oldest_completed().is_some_and(|(at, _)| at <= now))
-            .map(|(scope, _)| *scope)
-            .collect();
-        for scope in expired {
+        loop {
+            let scopes = &self.scopes;
+            let Some((Reverse(at), scope)) = self
+                .by_expiry
+                .top(|tag| scopes.get(&tag).and_then(ScopeUse::expiry_rank))
+            else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            // Drops at least that record: each turn makes progress.
             self.purge_scope(now, scope);
         }
     }
@@ -336,6 +438,22 @@ impl Shard {
         );
         for (tag, (entries, bytes, replayable, not_replayable)) in scopes {
             let usage = &self.scopes[&tag];
+            assert!(
+                self.by_entries.holds(usage.entries_rank(), tag),
+                "{context}: scope {tag}'s rank by entries is missing"
+            );
+            assert!(
+                usage
+                    .bytes_rank()
+                    .is_none_or(|rank| self.by_bytes.holds(rank, tag)),
+                "{context}: scope {tag}'s rank by bytes is missing"
+            );
+            assert!(
+                usage
+                    .expiry_rank()
+                    .is_none_or(|rank| self.by_expiry.holds(rank, tag)),
+                "{context}: scope {tag}'s rank by expiry is missing"
+            );
             assert_eq!(usage.entries, entries, "{context}: scope {tag} `entries`");
             assert_eq!(usage.bytes, bytes, "{context}: scope {tag} `bytes`");
             assert!(
