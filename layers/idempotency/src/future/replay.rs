@@ -81,21 +81,29 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// The headers to store: all but hop-by-hop ones, those the `Connection` header names, `Upgrade`
 /// and the configured deny-list.
 pub(super) fn storable_headers(headers: &HeaderMap, strip: &[HeaderName]) -> HeaderMap {
+    // One lookup of `Connection`, not one per header.
+    let connection = headers.get_all(header::CONNECTION);
     let named_by_connection = |name: &HeaderName| {
-        headers.get_all(header::CONNECTION).iter().any(|v| {
+        connection.iter().any(|v| {
             v.to_str().is_ok_and(|v| {
                 v.split(',')
                     .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
             })
         })
     };
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let drop = HOP_BY_HOP.contains(name)
+    let drop = |name: &HeaderName| {
+        HOP_BY_HOP.contains(name)
             || name == header::UPGRADE
             || strip.contains(name)
-            || named_by_connection(name);
-        if !drop {
+            || named_by_connection(name)
+    };
+    // Usually nothing is dropped: a clone copies the map without hashing each name again.
+    if !headers.keys().any(drop) {
+        return headers.clone();
+    }
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !drop(name) {
             kept.append(name.clone(), value.clone());
         }
     }

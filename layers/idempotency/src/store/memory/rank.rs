@@ -38,6 +38,14 @@ impl<R: Ord + Copy> Ranking<R> {
     ) where
         I: Iterator<Item = (R, u64)>,
     {
+        // The top pair is this scope's (a one-scope shard, or the scope holding the most, as
+        // it grows): replaced in place, no pair added.
+        if let Some(mut top) = self.heap.peek_mut() {
+            if top.1 == scope {
+                *top = (rank, scope);
+                return;
+            }
+        }
         self.heap.push((rank, scope));
         if self.heap.len() > 2 * scopes + 32 {
             self.heap.clear();
