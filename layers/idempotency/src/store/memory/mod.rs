@@ -1,4 +1,6 @@
 mod rank;
+#[cfg(test)]
+mod rank_tests;
 mod shard;
 
 use self::shard::{Entry, Shard, State};
