@@ -237,7 +237,8 @@ impl RefShard {
             return false;
         };
         let claimer = record.scope;
-        let mut size = size.filter(|size| *size <= self.max_bytes);
+        // A record born at its end is never answered: its response takes no room.
+        let mut size = size.filter(|size| *size <= self.max_bytes && !retention.is_zero());
         let needed = size.unwrap_or(0);
         if self.bytes() + needed > self.max_bytes {
             self.purge_all_expired(now);
@@ -738,4 +739,32 @@ async fn a_claimer_tied_with_the_largest_pays_itself_on_either_side_of_the_tie()
         assert_eq!(peek(&store, m), "not-replayable", "the claimer paid");
         assert_eq!(peek(&store, new), "completed");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A retention of zero.
+// ---------------------------------------------------------------------------------------------
+
+/// Was broken (before the rankings too; fixed in `do_complete`): a completion with a retention of zero (the store's
+/// API accepts it; the layer refuses it) made room for its response although the record is
+/// born at its end and is never answered: another tenant's live response was dropped (its
+/// retry then gets 409 instead of its replay) for a response nobody can ever get. Expired
+/// records go before a live one pays; this one is expired from the start.
+#[tokio::test(start_paused = true)]
+async fn a_record_born_at_its_end_costs_no_other_response() {
+    let store = one_shard(10, 1_000);
+    let b = scoped(1, b"b");
+    done(&store, b, 600, DAY);
+    let a = scoped(2, b"a");
+    let t = claimed(&store, a);
+    assert!(store.do_complete(a, t, response(600), Duration::ZERO));
+    check(&store, "after the completion born expired");
+    assert_eq!(peek(&store, a), "absent", "at its end, never answered");
+    assert_eq!(
+        peek(&store, b),
+        "completed",
+        "B's live response was dropped for a record born at its end"
+    );
+    // And the shard's byte count does not hold the expired response either.
+    assert_eq!(lock(&store.inner.shards[0]).bytes, 664);
 }
