@@ -289,3 +289,30 @@ mod through_the_layer {
         assert_eq!(runs.lock().unwrap()["b"], 5);
     }
 }
+
+/// Was broken: a completion with a retention of zero (accepted by the store's API; the layer
+/// refuses it) made room for its response, which no one can ever get (a record is never
+/// answered at its end): another tenant's live response went, and its retry got 409 instead of
+/// its replay. Expired records make room before live ones pay; this one was expired at birth.
+#[tokio::test(start_paused = true)]
+async fn a_completion_born_expired_never_costs_a_live_response() {
+    let store = MemoryStore::builder()
+        .max_entries(10)
+        .max_bytes(1_000)
+        .build();
+    let live = key(1, b"tenant-b");
+    let t = claim(&store, live).await;
+    assert!(store.complete(live, t, response(600), DAY).await.unwrap());
+    let born_expired = key(2, b"tenant-a");
+    let t = claim(&store, born_expired).await;
+    assert!(store
+        .complete(born_expired, t, response(600), Duration::ZERO)
+        .await
+        .unwrap());
+    assert_eq!(state(&store, live).await, "completed");
+    assert_eq!(
+        state(&store, born_expired).await,
+        "absent (a retry would run the handler again)",
+        "at its end: never answered"
+    );
+}

@@ -1,4 +1,6 @@
 mod rank;
+#[cfg(test)]
+mod rank_tests;
 mod shard;
 
 use self::shard::{Entry, Shard, State};
@@ -262,6 +264,12 @@ impl MemoryStore {
         if state.size() > self.inner.max_bytes_per_shard {
             state = State::NotReplayable;
         }
+        // A record born at its end (a retention of zero) is never answered: its response would
+        // only make live records pay for room nobody can use.
+        let expires_at = saturating_add(now, retention);
+        if expires_at <= now {
+            state = State::NotReplayable;
+        }
         // Completed records lose their responses (never their keys), never this claim in
         // progress; the responses are freed after the lock is released.
         let max = self.inner.max_bytes_per_shard;
@@ -272,7 +280,7 @@ impl MemoryStore {
                 state = State::NotReplayable;
             }
         }
-        let done = shard.complete(&key, state, saturating_add(now, retention));
+        let done = shard.complete(&key, state, expires_at);
         drop(shard);
         drop(freed);
         done
@@ -1077,7 +1085,10 @@ mod tests {
                         };
                         // Every record holding bytes can be made to pay (its own scope's when
                         // no larger one): a response that fits the shard is always kept.
-                        if size.is_some_and(|size| size <= store.inner.max_bytes_per_shard) {
+                        // (Unless it is born at its end: a retention of zero.)
+                        if size.is_some_and(|size| size <= store.inner.max_bytes_per_shard)
+                            && !retention.is_zero()
+                        {
                             assert!(replayable, "{context}: a response that fits was dropped");
                         }
                         model[i] = Model::Done {

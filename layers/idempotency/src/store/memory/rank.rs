@@ -66,6 +66,12 @@ impl<R: Ord + Copy> Ranking<R> {
         None
     }
 
+    /// The pairs the heap holds, stale ones included (test-only).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.heap.len()
+    }
+
     /// Whether `scope`'s rank `rank` is in the heap (test-only).
     #[cfg(test)]
     pub(super) fn holds(&self, rank: R, scope: u64) -> bool {
