@@ -91,19 +91,19 @@ pub(super) fn storable_headers(headers: &HeaderMap, strip: &[HeaderName]) -> Hea
             })
         })
     };
-    let drop = |name: &HeaderName| {
+    let dropped = |name: &HeaderName| {
         HOP_BY_HOP.contains(name)
             || name == header::UPGRADE
             || strip.contains(name)
             || named_by_connection(name)
     };
     // Usually nothing is dropped: a clone copies the map without hashing each name again.
-    if !headers.keys().any(drop) {
+    if !headers.keys().any(dropped) {
         return headers.clone();
     }
     let mut kept = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        if !drop(name) {
+        if !dropped(name) {
             kept.append(name.clone(), value.clone());
         }
     }

@@ -362,11 +362,11 @@ mod tests {
         StoreKey::from_bytes([n; 32])
     }
 
-    const FP: Fingerprint = Fingerprint::from_bytes([9; 32]);
-    const LEASE: Duration = Duration::from_secs(10);
-    const DAY: Duration = Duration::from_secs(86_400);
+    pub(super) const FP: Fingerprint = Fingerprint::from_bytes([9; 32]);
+    pub(super) const LEASE: Duration = Duration::from_secs(10);
+    pub(super) const DAY: Duration = Duration::from_secs(86_400);
 
-    fn response(len: usize) -> Completion {
+    pub(super) fn response(len: usize) -> Completion {
         Completion::Response(StoredResponse::new(
             StatusCode::OK,
             Default::default(),
@@ -453,7 +453,7 @@ mod tests {
         assert!(store.inner.shards.iter().all(|s| lock(s).bytes == 0));
     }
 
-    fn claimed(store: &MemoryStore, key: StoreKey) -> ClaimToken {
+    pub(super) fn claimed(store: &MemoryStore, key: StoreKey) -> ClaimToken {
         let token = ClaimToken::new();
         assert!(matches!(
             store.do_claim(key, token, FP, LEASE),
@@ -492,7 +492,7 @@ mod tests {
         }
     }
 
-    fn scoped(n: u32, scope: &[u8]) -> StoreKey {
+    pub(super) fn scoped(n: u32, scope: &[u8]) -> StoreKey {
         let mut bytes = [0; 32];
         bytes[..4].copy_from_slice(&n.to_le_bytes());
         bytes[4..4 + scope.len().min(28)].copy_from_slice(&scope[..scope.len().min(28)]);
@@ -815,7 +815,7 @@ mod tests {
         StoreKey::from_bytes(bytes).with_scope(SCOPES[i % scopes])
     }
 
-    fn check_all(store: &MemoryStore, context: &str) {
+    pub(super) fn check_all(store: &MemoryStore, context: &str) {
         for shard in store.inner.shards.iter() {
             lock(shard).check_invariants(
                 store.inner.max_entries_per_shard,

@@ -4,38 +4,9 @@
 //! the scopes whatever the operations.
 
 use super::shard::{State, SCOPE_VISITS};
+use super::tests::{check_all, claimed, response, scoped, DAY, FP, LEASE};
 use super::*;
-use http::StatusCode;
 use std::collections::{BTreeMap, HashMap};
-
-const FP: Fingerprint = Fingerprint::from_bytes([9; 32]);
-const LEASE: Duration = Duration::from_secs(10);
-const DAY: Duration = Duration::from_secs(86_400);
-
-fn response(len: usize) -> Completion {
-    Completion::Response(StoredResponse::new(
-        StatusCode::OK,
-        Default::default(),
-        vec![b'x'; len].into(),
-    ))
-}
-
-/// Key `n` of scope `scope` (one digest per `(n, scope)`).
-fn scoped(n: u32, scope: &[u8]) -> StoreKey {
-    let mut bytes = [0; 32];
-    bytes[..4].copy_from_slice(&n.to_le_bytes());
-    bytes[4..4 + scope.len().min(28)].copy_from_slice(&scope[..scope.len().min(28)]);
-    StoreKey::from_bytes(bytes).with_scope(scope)
-}
-
-fn claimed(store: &MemoryStore, key: StoreKey) -> ClaimToken {
-    let token = ClaimToken::new();
-    assert!(matches!(
-        store.do_claim(key, token, FP, LEASE),
-        Ok(ClaimOutcome::Claimed)
-    ));
-    token
-}
 
 fn done(store: &MemoryStore, key: StoreKey, len: usize, retention: Duration) {
     let t = claimed(store, key);
@@ -51,16 +22,6 @@ fn peek(store: &MemoryStore, key: StoreKey) -> &'static str {
         Some((State::InProgress { .. }, _)) => "claim",
         Some((State::Completed { .. }, _)) => "completed",
         Some((State::NotReplayable, _)) => "not-replayable",
-    }
-}
-
-fn check(store: &MemoryStore, context: &str) {
-    for shard in store.inner.shards.iter() {
-        lock(shard).check_invariants(
-            store.inner.max_entries_per_shard,
-            store.inner.max_bytes_per_shard,
-            context,
-        );
     }
 }
 
@@ -442,7 +403,7 @@ async fn differential(
                 "{context}: store and reference differ:\n store {only_store:?}\n ref {only_ref:?}"
             );
         }
-        check(&store, &context);
+        check_all(&store, &context);
     }
 }
 
@@ -514,7 +475,7 @@ async fn the_heaps_stay_proportional_to_the_scopes_under_churn() {
         }
         assert_bounded(&store, 50, "releases of a generation");
     }
-    check(&store, "after the generations");
+    check_all(&store, "after the generations");
     // Nothing pushed since the scopes went: the heaps still hold their pairs. The next change
     // of rank rebuilds the heap it changes.
     let t = claimed(&store, scoped(0, b"last"));
@@ -539,7 +500,7 @@ async fn the_heaps_stay_proportional_to_the_scopes_under_churn() {
         }
         assert_bounded(&store, 2, "oscillating ranks");
     }
-    check(&store, "after the oscillations");
+    check_all(&store, "after the oscillations");
 
     // Generations of scopes expiring at once: a full shard, then a time jump past them all,
     // then a new generation makes room from the expired ones.
@@ -557,7 +518,7 @@ async fn the_heaps_stay_proportional_to_the_scopes_under_churn() {
         }
         tokio::time::advance(Duration::from_secs(4)).await;
     }
-    check(&store, "after the time jumps");
+    check_all(&store, "after the time jumps");
 }
 
 /// The scopes `op` visits one by one (rebuilds of a heap, see `shard::SCOPE_VISITS`).
@@ -603,7 +564,7 @@ async fn shrinking_and_growing_scopes_cost_no_scan_per_operation() {
         visits <= 4 * ops,
         "{ops} releases and claims visited {visits} scopes"
     );
-    check(&store, "after the churn");
+    check_all(&store, "after the churn");
 
     let store = one_shard(SCOPES as usize, 1 << 24);
     let mut ops = 0;
@@ -624,7 +585,7 @@ async fn shrinking_and_growing_scopes_cost_no_scan_per_operation() {
         visits <= 4 * ops,
         "{ops} claims and completions visited {visits} scopes"
     );
-    check(&store, "after the generations");
+    check_all(&store, "after the generations");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -661,7 +622,7 @@ async fn a_scope_gone_and_back_with_the_same_tag_ranks_by_what_it_holds_now() {
     }
     // C, holding nothing, claims: B, the largest now, pays its oldest.
     claimed(&store, scoped(0, b"c"));
-    check(&store, "C's claim");
+    check_all(&store, "C's claim");
     assert_eq!(peek(&store, a), "completed", "A, holding one, never pays");
     assert_eq!(
         peek(&store, b[0]),
@@ -684,7 +645,7 @@ async fn a_scope_gone_and_back_with_the_same_tag_ranks_by_what_it_holds_now() {
     let d = scoped(1, b"d");
     let t = claimed(&store, d);
     assert!(store.do_complete(d, t, response(500), DAY));
-    check(&store, "after D's response");
+    check_all(&store, "after D's response");
     assert_eq!(
         peek(&store, b),
         "not-replayable",
@@ -714,7 +675,7 @@ async fn a_claimer_tied_with_the_largest_pays_itself_on_either_side_of_the_tie()
             done(&store, *t, 10, DAY);
         }
         claimed(&store, scoped(5, claimer));
-        check(&store, "the claimer's third claim");
+        check_all(&store, "the claimer's third claim");
         assert!(theirs.iter().all(|k| peek(&store, *k) == "completed"));
         assert_eq!(
             peek(&store, mine[0]),
@@ -730,7 +691,7 @@ async fn a_claimer_tied_with_the_largest_pays_itself_on_either_side_of_the_tie()
         let new = scoped(1, claimer);
         let token = claimed(&store, new);
         assert!(store.do_complete(new, token, response(136), DAY));
-        check(&store, "the claimer's response");
+        check_all(&store, "the claimer's response");
         assert_eq!(
             peek(&store, t),
             "completed",
@@ -758,7 +719,7 @@ async fn a_record_born_at_its_end_costs_no_other_response() {
     let a = scoped(2, b"a");
     let t = claimed(&store, a);
     assert!(store.do_complete(a, t, response(600), Duration::ZERO));
-    check(&store, "after the completion born expired");
+    check_all(&store, "after the completion born expired");
     assert_eq!(peek(&store, a), "absent", "at its end, never answered");
     assert_eq!(
         peek(&store, b),

@@ -21,7 +21,7 @@ pub(super) struct Shard {
     pub(super) leases: BTreeSet<(Instant, StoreKey)>,
     pub(super) bytes: usize,
     // What each scope holds in this shard, to decide who pays when room must be made.
-    pub(super) scopes: HashMap<u64, ScopeUse, BuildHasherDefault<TagHasher>>,
+    pub(super) scopes: Scopes,
     // The scopes ranked by entries (and whether they hold a completed record), by bytes, and
     // by their first completed record to expire: a full shard finds who pays, and what
     // expired, without visiting every scope. Each is pushed to as its rank changes.
@@ -237,12 +237,9 @@ impl Shard {
     /// dropped once the lock is released.
     fn demote(&mut self, key: &StoreKey) -> Option<Arc<StoredResponse>> {
         let entry = self.map.get_mut(key)?;
-        let State::Completed { size, .. } = entry.state else {
-            return None;
-        };
-        let State::Completed { response, .. } =
-            std::mem::replace(&mut entry.state, State::NotReplayable)
-        else {
+        let state = std::mem::replace(&mut entry.state, State::NotReplayable);
+        let State::Completed { response, size } = state else {
+            entry.state = state;
             return None;
         };
         let at = (entry.expires_at, *key);
@@ -258,38 +255,27 @@ impl Shard {
     }
 
     fn rank_entries(&mut self, scope: u64) {
-        let Some(usage) = self.scopes.get(&scope) else {
-            return;
-        };
-        let scopes = &self.scopes;
-        self.by_entries
-            .push(usage.entries_rank(), scope, scopes.len(), || {
-                scopes.iter().map(|(tag, u)| (u.entries_rank(), *tag))
-            });
+        rank(&mut self.by_entries, &self.scopes, scope, |u| {
+            Some(u.entries_rank())
+        });
     }
 
     fn rank_bytes(&mut self, scope: u64) {
-        let Some(rank) = self.scopes.get(&scope).and_then(ScopeUse::bytes_rank) else {
-            return;
-        };
-        let scopes = &self.scopes;
-        self.by_bytes.push(rank, scope, scopes.len(), || {
-            scopes
-                .iter()
-                .filter_map(|(tag, u)| Some((u.bytes_rank()?, *tag)))
-        });
+        rank(
+            &mut self.by_bytes,
+            &self.scopes,
+            scope,
+            ScopeUse::bytes_rank,
+        );
     }
 
     fn rank_expiry(&mut self, scope: u64) {
-        let Some(rank) = self.scopes.get(&scope).and_then(ScopeUse::expiry_rank) else {
-            return;
-        };
-        let scopes = &self.scopes;
-        self.by_expiry.push(rank, scope, scopes.len(), || {
-            scopes
-                .iter()
-                .filter_map(|(tag, u)| Some((u.expiry_rank()?, *tag)))
-        });
+        rank(
+            &mut self.by_expiry,
+            &self.scopes,
+            scope,
+            ScopeUse::expiry_rank,
+        );
     }
 
     /// The record to evict to make room for a new entry of `claimer`: the oldest completed
@@ -304,9 +290,7 @@ impl Shard {
         let scopes = &self.scopes;
         // The largest scope; among equals, one with something to give. When it is not the
         // claimer but holds no more than it, the claimer counts as the largest.
-        let largest = self
-            .by_entries
-            .top(|tag| scopes.get(&tag).map(ScopeUse::entries_rank))
+        let largest = top(&mut self.by_entries, scopes, |u| Some(u.entries_rank()))
             .filter(|&((entries, _), tag)| tag != claimer && entries > own)
             .map(|(_, tag)| tag);
         let oldest_of = |tag: u64| Some(self.scopes.get(&tag)?.oldest_completed()?.1);
@@ -329,10 +313,7 @@ impl Shard {
             let own = self.scopes.get(&claimer).map_or(0, |usage| usage.bytes);
             let scopes = &self.scopes;
             // The scope holding the most bytes pays if it holds strictly more than the claimer.
-            let payer = match self
-                .by_bytes
-                .top(|tag| scopes.get(&tag).and_then(ScopeUse::bytes_rank))
-            {
+            let payer = match top(&mut self.by_bytes, scopes, ScopeUse::bytes_rank) {
                 Some((bytes, tag)) if bytes > own => tag,
                 _ => claimer,
             };
@@ -372,9 +353,8 @@ impl Shard {
     pub(super) fn purge_all_expired(&mut self, now: Instant) {
         loop {
             let scopes = &self.scopes;
-            let Some((Reverse(at), scope)) = self
-                .by_expiry
-                .top(|tag| scopes.get(&tag).and_then(ScopeUse::expiry_rank))
+            let Some((Reverse(at), scope)) =
+                top(&mut self.by_expiry, scopes, ScopeUse::expiry_rank)
             else {
                 break;
             };
@@ -394,6 +374,35 @@ impl Shard {
             self.remove(&key);
         }
     }
+}
+
+type Scopes = HashMap<u64, ScopeUse, BuildHasherDefault<TagHasher>>;
+
+/// Pushes `scope`'s current rank, as `rank_of` gives it, to `ranking` (nothing if it ranks
+/// nowhere).
+fn rank<R: Ord + Copy>(
+    ranking: &mut Ranking<R>,
+    scopes: &Scopes,
+    scope: u64,
+    rank_of: impl Fn(&ScopeUse) -> Option<R> + Copy,
+) {
+    let Some(rank) = scopes.get(&scope).and_then(rank_of) else {
+        return;
+    };
+    ranking.push(rank, scope, scopes.len(), || {
+        scopes
+            .iter()
+            .filter_map(move |(tag, usage)| Some((rank_of(usage)?, *tag)))
+    });
+}
+
+/// The highest-ranked scope of `ranking` whose rank, as `rank_of` gives it, is still current.
+fn top<R: Ord + Copy>(
+    ranking: &mut Ranking<R>,
+    scopes: &Scopes,
+    rank_of: impl Fn(&ScopeUse) -> Option<R>,
+) -> Option<(R, u64)> {
+    ranking.top(|tag| scopes.get(&tag).and_then(&rank_of))
 }
 
 #[cfg(test)]
