@@ -33,12 +33,10 @@ pub(crate) fn app<St: IdempotencyStore>(store: St) -> Router {
     let idempotency = IdempotencyLayer::with_store(store)
         .require_key(true)
         .scope(|parts: &Parts| {
-            // NOTE: authenticate runs first (it is the outer layer), so the tenant is here.
-            parts
-                .extensions
-                .get::<Tenant>()
-                .map(|t| t.0.clone())
-                .unwrap_or_default()
+            // NOTE: authenticate runs first (it is the outer layer), so the tenant is here. If
+            // it ever ran inside this layer instead, there would be no tenant, and `None`
+            // refuses the request (401) rather than sharing one key space between tenants.
+            parts.extensions.get::<Tenant>().map(|t| t.0.clone())
         })
         .problem_response(api_error);
     Router::new()

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_once::idempotency::store::IdempotencyStore;
-use tower_once::idempotency::IdempotencyLayer;
+use tower_once::idempotency::{scope::HeaderScope, IdempotencyLayer};
 
 /// One charge in the ledger.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -137,12 +137,9 @@ pub(crate) fn router_and_detached<St: IdempotencyStore>(
     let idempotency = IdempotencyLayer::with_store(store)
         .require_key(true)
         .lease(lease)
-        .scope(|parts: &axum::http::request::Parts| {
-            parts
-                .headers
-                .get(TENANT_HEADER)
-                .map_or_else(|| ANONYMOUS.as_bytes().to_vec(), |v| v.as_bytes().to_vec())
-        });
+        // NOTE: a demo opts into one shared scope for requests without a tenant (the ledger
+        // calls them "anonymous"); a real API refuses them (`HeaderScope::new` alone).
+        .scope(HeaderScope::new(TENANT_HEADER).allow_missing());
     let detached = idempotency.detached();
     let router = Router::new()
         .route("/charges", post(create_charge).get(list_charges))

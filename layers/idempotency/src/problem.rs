@@ -5,6 +5,7 @@
 //! |-------------------------------|--------|-----------------------------------------------------|---------------|
 //! | key required but missing      | 400    | `urn:tower-once:idempotency:missing-key`            |               |
 //! | key malformed                 | 400    | `urn:tower-once:idempotency:invalid-key`            |               |
+//! | no tenant or principal to scope the key by ([`scope`](crate::scope)) | 401 | `urn:tower-once:idempotency:missing-scope` | |
 //! | request body unreadable       | 400    | `urn:tower-once:idempotency:request-body-error`     |               |
 //! | request body over the limit   | 413    | `urn:tower-once:idempotency:body-too-large`         |               |
 //! | same key still in progress    | 409    | `urn:tower-once:idempotency:in-progress`            | min(lease left, 1 s) |
@@ -17,7 +18,7 @@
 //!
 //! gRPC requests (`content-type: application/grpc...`) get gRPC statuses instead, in a
 //! trailers-only response ([`ProblemKind::grpc_response`]): `INVALID_ARGUMENT` for a missing or
-//! malformed key or an unreadable body, `RESOURCE_EXHAUSTED` for a body over the limit,
+//! malformed key or an unreadable body, `UNAUTHENTICATED` for a missing scope, `RESOURCE_EXHAUSTED` for a body over the limit,
 //! `UNAVAILABLE` with `grpc-retry-pushback-ms` for "in progress" and "store unavailable",
 //! `FAILED_PRECONDITION` for a reused key or a response not kept, `INTERNAL` for a failed
 //! response body.
@@ -44,6 +45,9 @@ pub enum ProblemKind {
     MissingKey,
     /// The key header is malformed (see [`key`](crate::key)).
     InvalidKey,
+    /// The request has no scope (no tenant or principal) to keep its key apart from other
+    /// tenants' keys: see [`scope`](crate::scope).
+    MissingScope,
     /// The request body could not be read.
     RequestBodyError,
     /// The request body is larger than the configured limit.
@@ -65,6 +69,7 @@ impl ProblemKind {
     pub const fn status(self) -> StatusCode {
         match self {
             Self::MissingKey | Self::InvalidKey | Self::RequestBodyError => StatusCode::BAD_REQUEST,
+            Self::MissingScope => StatusCode::UNAUTHORIZED,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InProgress | Self::NotReplayable => StatusCode::CONFLICT,
             Self::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -94,6 +99,11 @@ impl ProblemKind {
                 "urn:tower-once:idempotency:invalid-key",
                 "Invalid Idempotency-Key",
                 "The Idempotency-Key must be 1 to 255 visible ASCII characters, bare or as a quoted string, sent once.",
+            ),
+            Self::MissingScope => (
+                "urn:tower-once:idempotency:missing-scope",
+                "Request scope missing",
+                "The request names no tenant or principal, so its Idempotency-Key cannot be kept apart from other clients' keys. It was not processed.",
             ),
             Self::RequestBodyError => (
                 "urn:tower-once:idempotency:request-body-error",
@@ -144,6 +154,7 @@ impl ProblemKind {
     pub const fn grpc_code(self) -> Code {
         match self {
             Self::MissingKey | Self::InvalidKey | Self::RequestBodyError => Code::InvalidArgument,
+            Self::MissingScope => Code::Unauthenticated,
             Self::BodyTooLarge => Code::ResourceExhausted,
             Self::NotReplayable | Self::FingerprintMismatch => Code::FailedPrecondition,
             Self::ResponseBodyError => Code::Internal,
@@ -263,9 +274,10 @@ pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
 mod tests {
     use super::*;
 
-    const ALL: [ProblemKind; 9] = [
+    const ALL: [ProblemKind; 10] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
+        ProblemKind::MissingScope,
         ProblemKind::RequestBodyError,
         ProblemKind::BodyTooLarge,
         ProblemKind::InProgress,

@@ -145,7 +145,16 @@ where
                 }
             }
         };
-        let scope = self.scope.scope(&parts);
+        // NOTE: fail closed: a keyed request whose scope cannot say whose it is never reaches
+        // a key space shared with other such requests.
+        let Some(scope) = self.scope.scope(&parts) else {
+            return ResponseFuture::rejected(
+                &settings.problems,
+                ProblemKind::MissingScope,
+                &parts,
+                None,
+            );
+        };
         let store_key = StoreKey::derive(scope.as_ref(), &parts, &key);
         drop(key);
 

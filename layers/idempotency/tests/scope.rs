@@ -1,0 +1,209 @@
+//! Scopes fail closed (crate docs, "What happens to a request", step 2; the `scope` module):
+//! a keyed request whose scope names no tenant is refused with `401` before its handler runs,
+//! and no record is ever shared between tenants, whatever order the layers are in.
+
+use axum::extract::{Extension, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use http::request::Parts;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use tower::ServiceExt;
+use tower_once_idempotency::scope::HeaderScope;
+use tower_once_idempotency::IdempotencyLayer;
+
+#[derive(Debug, Clone)]
+struct Tenant(String);
+
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    body: String,
+}
+
+impl Answer {
+    fn problem_type(&self) -> String {
+        serde_json::from_str::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|v| v["type"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+}
+
+async fn send(app: &Router, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut req = http::Request::post("/charges");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(axum::body::Body::from(body.to_owned())).unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        replayed,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// A charge handler that names the tenant it charged (from the auth layer's extension, or
+/// the header) and counts its runs.
+fn charges(runs: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/charges",
+        post(move |tenant: Option<Extension<Tenant>>, body: String| {
+            runs.fetch_add(1, SeqCst);
+            let tenant = tenant.map_or_else(|| "-".to_owned(), |t| t.0 .0);
+            async move { (StatusCode::CREATED, format!("charged {tenant}: {body}")) }
+        }),
+    )
+}
+
+/// A stand-in for authentication: `Authorization: Bearer <tenant>` becomes a `Tenant`.
+async fn authenticate(mut req: Request, next: Next) -> Response {
+    let tenant = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    if let Some(tenant) = tenant {
+        req.extensions_mut().insert(Tenant(tenant));
+    }
+    next.run(req).await
+}
+
+fn tenant_scope(parts: &Parts) -> Option<String> {
+    parts.extensions.get::<Tenant>().map(|t| t.0.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn auth_inside_the_layer_refuses_every_keyed_request_and_shares_nothing() {
+    // The mistake: with axum the last `.layer` is the outermost, so here the idempotency layer
+    // runs first and the tenant is not known yet when it scopes the key.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let wrong = charges(runs.clone())
+        .layer(middleware::from_fn(authenticate))
+        .layer(
+            IdempotencyLayer::new()
+                .require_key(true)
+                .scope(tenant_scope),
+        );
+    for tenant in ["Bearer acme", "Bearer globex", "Bearer acme"] {
+        let answer = send(
+            &wrong,
+            &[("authorization", tenant), ("idempotency-key", "pay-1")],
+            "500",
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.body);
+        assert_eq!(
+            answer.problem_type(),
+            "urn:tower-once:idempotency:missing-scope"
+        );
+        assert!(!answer.replayed);
+    }
+    assert_eq!(runs.load(SeqCst), 0, "no handler ran without a scope");
+
+    // The right order: each tenant is charged once and replays only its own record.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let right = charges(runs.clone())
+        .layer(
+            IdempotencyLayer::new()
+                .require_key(true)
+                .scope(tenant_scope),
+        )
+        .layer(middleware::from_fn(authenticate));
+    let acme = [
+        ("authorization", "Bearer acme"),
+        ("idempotency-key", "pay-1"),
+    ];
+    let globex = [
+        ("authorization", "Bearer globex"),
+        ("idempotency-key", "pay-1"),
+    ];
+    let a = send(&right, &acme, "500").await;
+    let b = send(&right, &globex, "500").await;
+    let a_again = send(&right, &acme, "500").await;
+    assert_eq!((a.status, a.replayed), (StatusCode::CREATED, false));
+    assert_eq!((b.status, b.replayed), (StatusCode::CREATED, false));
+    assert_eq!(a.body, "charged acme: 500");
+    assert_eq!(b.body, "charged globex: 500", "never acme's stored payment");
+    assert!(a_again.replayed);
+    assert_eq!(a_again.body, a.body);
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_header_scope_refuses_a_keyed_request_without_its_header() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app =
+        charges(runs.clone()).layer(IdempotencyLayer::new().scope(HeaderScope::new("x-tenant-id")));
+    let missing = send(&app, &[("idempotency-key", "k")], "1").await;
+    let empty = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "")], "1").await;
+    for answer in [&missing, &empty] {
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            answer.problem_type(),
+            "urn:tower-once:idempotency:missing-scope"
+        );
+    }
+    assert_eq!(runs.load(SeqCst), 0);
+    // Named tenants are scoped; a request without a key is not scoped at all (passes through).
+    let a = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "a")], "1").await;
+    let keyless = send(&app, &[], "1").await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert_eq!(keyless.status, StatusCode::CREATED);
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn allow_missing_shares_one_scope_that_is_never_a_tenants() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = charges(runs.clone())
+        .layer(IdempotencyLayer::new().scope(HeaderScope::new("x-tenant-id").allow_missing()));
+    let first = send(&app, &[("idempotency-key", "k")], "1").await;
+    let again = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "")], "1").await;
+    let tenant = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "t")], "1").await;
+    assert_eq!((first.status, first.replayed), (StatusCode::CREATED, false));
+    assert!(
+        again.replayed,
+        "missing and empty share the anonymous scope"
+    );
+    assert_eq!(
+        (tenant.status, tenant.replayed),
+        (StatusCode::CREATED, false),
+        "a named tenant never gets the anonymous scope's record"
+    );
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_clients_without_a_scope_get_unauthenticated() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app =
+        charges(runs.clone()).layer(IdempotencyLayer::new().scope(HeaderScope::new("x-tenant-id")));
+    let answer = send(
+        &app,
+        &[
+            ("idempotency-key", "k"),
+            ("content-type", "application/grpc"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(runs.load(SeqCst), 0);
+    let req = http::Request::post("/charges")
+        .header("idempotency-key", "k")
+        .header("content-type", "application/grpc")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "16");
+}
