@@ -101,7 +101,7 @@
 //! | feature       | default | enables |
 //! |---------------|---------|---------|
 //! | `idempotency` | yes     | [`idempotency`]: `IdempotencyLayer` and the in-memory store |
-//! | `axum`        | yes     | records follow the path the client addressed behind axum's `Router::nest` (reads axum's `OriginalUri`) |
+//! | `axum`        | yes     | nothing of its own: records follow the path the client addressed behind axum's `Router::nest` in every build (axum's `OriginalUri`) |
 //! | `retry`       | yes     | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |

@@ -1,5 +1,4 @@
 //! Attacks on which answers are stored (guarantee 3): axum's own rejections.
-#![cfg(feature = "axum")]
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;

@@ -1,5 +1,4 @@
 //! Attacks on record identity behind axum routing (guarantee 1).
-#![cfg(feature = "axum")]
 
 use axum::extract::Path;
 use axum::routing::post;

@@ -1,6 +1,5 @@
 //! Record identity behind axum's `Router::nest` and `route_layer`: a record belongs to the path
 //! the client addressed, not the stripped path a nested router sees.
-#![cfg(feature = "axum")]
 
 use axum::extract::Path;
 use axum::routing::post;

@@ -5,8 +5,8 @@ use std::fmt;
 /// The identity of a record: SHA-256 of the scope, method, path and idempotency key.
 ///
 /// The path is the one the client addressed: behind an axum `Router::nest` (or a `route_layer`
-/// inside one) the layer sees a path stripped of the nest prefix, so with the `axum` feature
-/// (on by default in the `tower-once` facade) it reads axum's `OriginalUri` extension instead.
+/// inside one) the layer sees a path stripped of the nest prefix, so it reads axum's
+/// `OriginalUri` extension instead, in every build of the crate (axum 0.8).
 /// Two nested routers sharing one store, or `/accounts/{a}/..` and `/accounts/{b}/..` behind
 /// one nested router, never share a record.
 ///
@@ -114,7 +114,6 @@ impl StoreKey {
 
 /// The path the client addressed: axum's `OriginalUri` when a nesting router stripped a prefix.
 fn addressed_path(parts: &http::request::Parts) -> &str {
-    #[cfg(feature = "axum")]
     if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
         return original.0.path();
     }
