@@ -195,6 +195,51 @@ async fn chunked_uploads_over_the_limit_read_their_413() {
     assert_eq!(runs.load(SeqCst), 0);
 }
 
+/// Was broken: an upload that declares a body over the limit and then sends nothing got no
+/// answer at all (the drain waited for bytes that never came). The drain is bounded in time
+/// too: the client reads its 413 after about a second, and the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_upload_that_never_arrives_reads_its_413_and_the_connection_closes() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/upload",
+            post({
+                let runs = runs.clone();
+                move || {
+                    runs.fetch_add(1, SeqCst);
+                    async { StatusCode::CREATED }
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new().body_limit(1024));
+    let addr = serve(app).await;
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        b"POST /upload HTTP/1.1\r\nhost: x\r\nidempotency-key: silent\r\ncontent-length: 5000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // Everything the server sends until it closes; a bound far above the drain time, so
+    // that a server that never answers fails the test instead of hanging it.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(
+        read.is_ok(),
+        "no answer and no close within 20 s: {answer:?}"
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 413"),
+        "the client reads its 413: {answer:?}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer:?}"
+    );
+    assert_eq!(runs.load(SeqCst), 0);
+}
+
 /// Boundary (documented limit: the drain stops at max(4 x limit, 1 MiB)): a chunked upload of
 /// 16 MiB with a 64 KiB limit. Records what the client sees; fails if it is not the 413.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

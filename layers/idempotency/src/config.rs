@@ -63,6 +63,11 @@ impl Default for Settings {
     }
 }
 
+/// How long a request body over the limit is read and thrown away before the `413`: a client
+/// still uploading reads the answer instead of a reset, and one that declared a large body and
+/// sends nothing (or drips it) gets its `413` after this, with the connection closed.
+pub(crate) const DRAIN_TIME: Duration = Duration::from_secs(1);
+
 impl Settings {
     /// How much of a request body over the limit is read and thrown away before the `413`, so
     /// that a client still sending reads the answer instead of a connection reset.

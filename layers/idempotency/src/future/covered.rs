@@ -2,6 +2,7 @@
 
 use super::claim::PendingClaim;
 use super::detach::MustFinish;
+use super::read::RequestRead;
 use super::steps::Ctx;
 use super::POLLED_AFTER_COMPLETION;
 use crate::body::{RequestBody, ResponseBody};
@@ -47,14 +48,7 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     pub(super) enum State<Fut, ReqB, ResB: Body, St: IdempotencyStore, E> {
-        // `drained` is set once the body is known to be over the limit: the rest is read and
-        // dropped (up to a bound) before the 413.
-        ReadRequest {
-            #[pin] body: ReqB,
-            parts: Option<request::Parts>,
-            collected: Collector,
-            drained: Option<usize>,
-        },
+        ReadRequest { #[pin] read: RequestRead<ReqB> },
         // Boxed: only a store whose claim is in flight (a network store, whose future is boxed
         // already) gets here, and inline it would make this the largest state by far (a memory
         // store's ready answer holds a whole stored response), copied on every transition.
@@ -111,20 +105,9 @@ where
         let ctx = this.ctx;
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::ReadRequest {
-                    body,
-                    parts,
-                    collected,
-                    drained,
-                } => ready!(ctx.poll_request(
-                    span,
-                    body,
-                    parts,
-                    collected,
-                    drained,
-                    this.renew.as_mut(),
-                    cx
-                )),
+                StateProj::ReadRequest { read } => {
+                    ready!(ctx.poll_request(span, read, this.renew.as_mut(), cx))
+                }
                 StateProj::Claim { claim, request } => {
                     let outcome = ready!(claim.poll(cx));
                     ctx.claimed(span, outcome, request, this.renew.as_mut())
@@ -230,10 +213,7 @@ where
             ctx.reject(&span, ProblemKind::BodyTooLarge, false)
         } else {
             State::ReadRequest {
-                body,
-                parts: Some(parts),
-                collected: Collector::default(),
-                drained: over.then_some(0),
+                read: RequestRead::new(parts, body, over),
             }
         };
         Self {

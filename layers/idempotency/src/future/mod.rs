@@ -4,6 +4,7 @@
 mod claim;
 mod covered;
 mod detach;
+mod read;
 mod replay;
 mod steps;
 

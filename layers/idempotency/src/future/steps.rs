@@ -2,6 +2,7 @@
 
 use super::claim::{self, ClaimGuard, PendingClaim, StreamingClaim};
 use super::covered::State;
+use super::read::{Refused, RequestRead};
 use super::replay::{self, problem};
 use super::POLLED_AFTER_COMPLETION;
 use crate::body::{RequestBody, ResponseBody};
@@ -15,7 +16,7 @@ use crate::store::{
 };
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{request, response, HeaderMap, Request, Response};
+use http::{response, HeaderMap, Request, Response};
 use http_body::Body;
 use std::future::Future;
 use std::pin::Pin;
@@ -54,14 +55,10 @@ where
     P: StorePredicate,
 {
     /// Reads the request body up to the limit, then sends the claim.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn poll_request<ReqB, ResB>(
         &mut self,
         span: &Span,
-        mut body: Pin<&mut ReqB>,
-        parts: &mut Option<request::Parts>,
-        collected: &mut Collector,
-        drained: &mut Option<usize>,
+        read: Pin<&mut RequestRead<ReqB>>,
         renew: Pin<&mut Option<Sleep>>,
         cx: &mut Context<'_>,
     ) -> Poll<StateOf<S, ReqB, ResB, St>>
@@ -71,46 +68,11 @@ where
         ResB: Body,
     {
         let settings = &self.config.settings;
-        if drained.is_none() {
-            // Request trailers are not part of the request's identity.
-            let mut trailers = None;
-            match ready!(collected.poll_collect(
-                body.as_mut(),
-                settings.body_limit,
-                &mut trailers,
-                cx
-            )) {
-                Collected::Complete => {}
-                Collected::Over(data) => {
-                    *collected = Collector::default();
-                    *drained = Some(data.len());
-                }
-                Collected::Failed(_) => {
-                    return Poll::Ready(self.reject(span, ProblemKind::RequestBodyError, false));
-                }
-            }
-        }
-        // Over the limit: read and drop the rest (bounded), so the client reads the 413.
-        while let Some(count) = drained {
-            let Some(frame) = ready!(body.as_mut().poll_frame(cx)) else {
-                break;
+        let (parts, body) =
+            match ready!(read.poll_read(settings.body_limit, settings.drain_limit(), cx)) {
+                Ok(read) => read,
+                Err(Refused { kind, close }) => return Poll::Ready(self.reject(span, kind, close)),
             };
-            match frame.map(|frame| frame.into_data()) {
-                Err(_) => return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true)),
-                Ok(Ok(data)) => *count = count.saturating_add(data.len()),
-                Ok(Err(_)) => {}
-            }
-            if *count > settings.drain_limit() {
-                return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, true));
-            }
-        }
-        if drained.is_some() {
-            return Poll::Ready(self.reject(span, ProblemKind::BodyTooLarge, false));
-        }
-        let Some(parts) = parts.take() else {
-            panic!("{POLLED_AFTER_COMPLETION}")
-        };
-        let body = std::mem::take(collected).finish();
         self.fingerprint = self.config.fingerprinter.fingerprint(&parts, &body);
         let mut future = self
             .store
