@@ -38,9 +38,10 @@
 //!    string ([`key`]). Missing: pass through, or `400` with
 //!    [`require_key`](IdempotencyLayer::require_key). Malformed or repeated: `400`.
 //! 2. **Scope.** The record's identity is SHA-256 of ([scope], method, path, key), so tenants
-//!    never share keys. The path is the one the client addressed: behind axum's
-//!    `Router::nest` the layer reads axum's `OriginalUri` (feature `axum`), so nested routers
-//!    never share records. The same key on another method or path is another record (keys
+//!    never share keys; a keyed request whose [scope] cannot name its tenant is refused
+//!    (`401`), never put in a shared key space. The path is the one the client addressed:
+//!    behind axum's `Router::nest` the layer reads axum's `OriginalUri` (in every build, not
+//!    behind a feature), so nested routers never share records. The same key on another method or path is another record (keys
 //!    are scoped per endpoint, as in the IETF draft and at Stripe).
 //! 3. **Body.** Buffered up to [`body_limit`](IdempotencyLayer::body_limit) (`Content-Length` is
 //!    checked first): over it, `413` and the handler never runs. The [fingerprint] is SHA-256 of
@@ -67,6 +68,7 @@
 //! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; not replayable once it ended (released if it failed) | no |
 //! | request body over the limit                      | `413`                                           | no           |
 //! | missing key with `require_key`, malformed key    | `400`                                           | no           |
+//! | keyed, but the [scope] names no tenant           | `401`                                           | no           |
 //! | store unreachable, slow or full                  | `503` + `Retry-After` (or run unclaimed with [`fail_open`](IdempotencyLayer::fail_open)) | no |
 //!
 //! The layer's own errors are `application/problem+json` with a stable `type` URI: see
@@ -118,7 +120,7 @@
 //! | `redis`       | `store::redis`: `RedisStore` for Redis, Redis Cluster and Valkey |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
 //! | `metrics`     | `tower_once_idempotency_requests_total{outcome}`, one per covered request, through the `metrics` facade |
-//! | `axum`        | identify records by axum's `OriginalUri` (the path before `Router::nest` stripped its prefix) |
+//! | `axum`        | nothing any more: records always follow axum's `OriginalUri`; kept so that manifests naming it build |
 //!
 //! # Minimum supported Rust version
 //!
