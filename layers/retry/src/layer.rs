@@ -1,9 +1,10 @@
 use crate::backoff::Backoff;
 use crate::budget::RetryBudget;
 use crate::classify::RetryOnError;
-use crate::hook::{Stats, StatsSnapshot};
+use crate::config::{Config, Settings};
+use crate::hook::StatsSnapshot;
 use crate::service::Retry;
-use crate::shard::{Padded, PerThread};
+use crate::shard::PerThread;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,48 +28,15 @@ pub struct RetryLayer<C = RetryOnError, H = ()> {
     config: Config<C, H>,
 }
 
-/// What a response future holds of its layer: its thread's copy of the config (see
-/// [`PerThread`]).
-pub(crate) type SharedConfig<C, H> = Arc<Padded<Config<C, H>>>;
-
-#[derive(Clone)]
-pub(crate) struct Config<C, H> {
-    pub(crate) settings: Settings,
-    pub(crate) classifier: C,
-    pub(crate) hook: H,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) max_attempts: u32,
-    pub(crate) backoff: Backoff,
-    pub(crate) retry_after_cap: Duration,
-    pub(crate) deadline: Duration,
-    pub(crate) budget: Option<RetryBudget>,
-    pub(crate) rng: Option<Arc<Mutex<fastrand::Rng>>>,
-    pub(crate) stats: Arc<Stats>,
-    // Whether `classify` was called: the HTTP form then keeps the chosen classifier instead of
-    // classifying HTTP responses by default.
-    pub(crate) classifier_set: bool,
-}
-
 impl RetryLayer {
     /// A layer with the defaults: 4 attempts in all, backoff from 500 ms doubling to at most
     /// 8 s with full jitter, `Retry-After` capped at 60 s, a 30 s deadline over all attempts
-    /// and waits, the default [`RetryBudget`] (20 % + 10/s over 10 s), and [`RetryOnError`].
+    /// and waits, the default [`RetryBudget`](crate::budget::RetryBudget) (20 % + 10/s over
+    /// 10 s), and [`RetryOnError`].
     pub fn new() -> Self {
         Self {
             config: Config {
-                settings: Settings {
-                    max_attempts: 4,
-                    backoff: Backoff::default(),
-                    retry_after_cap: Duration::from_secs(60),
-                    deadline: Duration::from_secs(30),
-                    budget: Some(RetryBudget::default()),
-                    rng: None,
-                    stats: Arc::default(),
-                    classifier_set: false,
-                },
+                settings: Settings::default(),
                 classifier: RetryOnError,
                 hook: (),
             },
@@ -183,16 +151,6 @@ impl<C, H> fmt::Debug for RetryLayer<C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayer")
             .field("config", &self.config)
-            .finish()
-    }
-}
-
-impl<C, H> fmt::Debug for Config<C, H> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("settings", &self.settings)
-            .field("classifier", &std::any::type_name::<C>())
-            .field("hook", &std::any::type_name::<H>())
             .finish()
     }
 }

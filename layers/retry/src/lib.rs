@@ -104,15 +104,18 @@
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod attempt;
 pub mod backoff;
 pub mod budget;
 pub mod classify;
+mod config;
 mod error;
 mod future;
 pub mod grpc;
 pub mod hook;
 pub mod http;
 mod layer;
+mod operation;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 mod service;

@@ -75,6 +75,7 @@
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod cap;
 mod deadline;
 mod error;
 pub mod grpc;

@@ -1,3 +1,4 @@
+use crate::cap::Cap;
 use crate::deadline::Deadline;
 use crate::error::{Elapsed, TimeoutError};
 use pin_project_lite::pin_project;
@@ -5,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -74,40 +75,6 @@ impl<S> Timeout<S> {
     }
 }
 
-/// How long a call may take: the smaller of the limit and what is left of the deadline.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Budget {
-    pub(crate) until: Instant,
-    pub(crate) elapsed: Elapsed,
-    spent: bool,
-}
-
-impl Budget {
-    /// Reads the clock once: it is the main cost of a timeout on the happy path.
-    #[inline]
-    pub(crate) fn new(limit: Duration, deadline: Option<Deadline>) -> Self {
-        let now = Instant::now();
-        let end = tower_once_core::time::saturating_add(now, limit);
-        match deadline {
-            Some(deadline) if deadline.instant() < end => Self {
-                until: deadline.instant(),
-                elapsed: Elapsed::new(deadline.instant().saturating_duration_since(now), true),
-                spent: deadline.instant() <= now,
-            },
-            _ => Self {
-                until: end,
-                elapsed: Elapsed::new(limit, false),
-                spent: limit.is_zero(),
-            },
-        }
-    }
-
-    /// Whether nothing is left: the inner service must not be called at all.
-    pub(crate) fn is_spent(&self) -> bool {
-        self.spent
-    }
-}
-
 impl<S, Req> Service<Req> for Timeout<S>
 where
     S: Service<Req>,
@@ -121,13 +88,13 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let budget = Budget::new(self.limit, Deadline::current());
-        if budget.is_spent() {
-            return ResponseFuture::spent(budget);
+        let cap = Cap::new(self.limit, Deadline::current());
+        if cap.is_spent() {
+            return ResponseFuture::spent(cap);
         }
         // Inner layers and transports see this call's own, tighter, deadline.
-        let inner = Deadline::at(budget.until).scope(|| self.inner.call(req));
-        ResponseFuture::new(inner, budget)
+        let inner = Deadline::at(cap.until).scope(|| self.inner.call(req));
+        ResponseFuture::new(inner, cap)
     }
 }
 
@@ -147,19 +114,19 @@ pin_project! {
 
 impl<F> ResponseFuture<F> {
     #[inline]
-    pub(crate) fn new(inner: F, budget: Budget) -> Self {
+    pub(crate) fn new(inner: F, cap: Cap) -> Self {
         Self {
             inner: Some(inner),
-            sleep: tokio::time::sleep_until(budget.until),
-            elapsed: budget.elapsed,
+            sleep: tokio::time::sleep_until(cap.until),
+            elapsed: cap.elapsed,
         }
     }
 
-    pub(crate) fn spent(budget: Budget) -> Self {
+    pub(crate) fn spent(cap: Cap) -> Self {
         Self {
             inner: None,
-            sleep: tokio::time::sleep_until(budget.until),
-            elapsed: budget.elapsed,
+            sleep: tokio::time::sleep_until(cap.until),
+            elapsed: cap.elapsed,
         }
     }
 }

@@ -1,12 +1,12 @@
 //! The response future: buffering the body, then one attempt or a retried operation.
 
 use super::replay::{Rebuild, ReplayBody, ReplayRequest};
-use super::service::call_once;
+use crate::attempt::call_once;
 use crate::classify::Classify;
+use crate::config::SharedConfig;
 use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
-use crate::layer::SharedConfig;
-use crate::service::start;
+use crate::operation::Operation;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
@@ -161,13 +161,13 @@ where
                                 ..template
                             };
                             this.state.set(HttpState::Retrying {
-                                core: start(
+                                core: crate::ResponseFuture::new(Operation::start(
                                     Rebuild::new(service),
                                     replay,
                                     config,
                                     Some(deadline),
                                     false,
-                                ),
+                                )),
                             });
                         }
                         (Collected::Over(data), Some(rest)) => {

@@ -1,6 +1,6 @@
 //! A request that can be sent again, and the service that rebuilds it for each attempt.
 
-use crate::service::InAttempt;
+use crate::attempt::InAttempt;
 use bytes::Bytes;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;

@@ -1,19 +1,20 @@
 //! The middleware: which requests are retried, and how an operation starts.
 
 use super::future::{Pending, ResponseFuture};
-use super::layer::IDEMPOTENCY_KEY;
 use super::replay::{Rebuild, ReplayBody, ReplayRequest};
+use crate::attempt::{call_once, is_nested, InAttempt};
 use crate::classify::{Classify, HttpClassifier, HttpDefault};
+use crate::config::Config;
 use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
-use crate::layer::Config;
-use crate::service::{in_attempt, is_nested, start, InAttempt};
+use crate::operation::Operation;
 use crate::shard::PerThread;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body::Body;
 use std::task::{Context, Poll};
 use tower_once_core::time::saturating_add;
+use tower_once_core::IDEMPOTENCY_KEY;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
@@ -111,13 +112,13 @@ where
         };
         let config = self.config.local();
         if body.is_end_stream() {
-            return ResponseFuture::retrying(start(
+            return ResponseFuture::retrying(crate::ResponseFuture::new(Operation::start(
                 Rebuild::new(service),
                 template,
                 config,
                 Some(deadline),
                 false,
-            ));
+            )));
         }
         ResponseFuture::buffering(
             body,
@@ -143,15 +144,4 @@ fn operation_deadline<C, H, B>(config: &Config<C, H>, req: &Request<B>) -> Deadl
         Some(outer) if outer < own => outer,
         _ => own,
     }
-}
-
-/// Sends a request that gets a single attempt, with the operation's deadline in its extensions
-/// and in scope (for an `HttpTimeoutLayer` below), marked as inside an attempt.
-pub(super) fn call_once<S, B>(mut service: S, mut req: Request<B>, deadline: Deadline) -> S::Future
-where
-    S: Service<Request<B>>,
-{
-    req.extensions_mut().insert(deadline);
-    req.extensions_mut().insert(InAttempt);
-    in_attempt(deadline, || service.call(req))
 }

@@ -1,8 +1,9 @@
 use super::body::TimeoutBody;
+use crate::cap::Cap;
 use crate::deadline::Deadline;
 use crate::error::TimeoutError;
 use crate::grpc;
-use crate::timeout::{Budget, ResponseFuture as Inner};
+use crate::timeout::ResponseFuture as Inner;
 use http::{HeaderName, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -105,16 +106,16 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let budget = Budget::new(self.config.limit, Deadline::of(&req));
-        if budget.is_spent() {
+        let cap = Cap::new(self.config.limit, Deadline::of(&req));
+        if cap.is_spent() {
             return ResponseFuture {
-                inner: Inner::spent(budget),
+                inner: Inner::spent(cap),
                 cover: None,
             };
         }
-        let deadline = Deadline::at(budget.until);
+        let deadline = Deadline::at(cap.until);
         req.extensions_mut().insert(deadline);
-        let left = budget.until.saturating_duration_since(Instant::now());
+        let left = cap.until.saturating_duration_since(Instant::now());
         match &self.config.propagate {
             Some(Propagate::Grpc) => {
                 req.headers_mut()
@@ -131,11 +132,8 @@ where
         }
         let inner = deadline.scope(|| self.inner.call(req));
         ResponseFuture {
-            inner: Inner::new(inner, budget),
-            cover: self
-                .config
-                .cover_body
-                .then_some((budget.until, budget.elapsed)),
+            inner: Inner::new(inner, cap),
+            cover: self.config.cover_body.then_some((cap.until, cap.elapsed)),
         }
     }
 }

@@ -1,7 +1,7 @@
 use super::body::TimeoutBody;
+use crate::cap::Cap;
 use crate::deadline::{earliest, Deadline};
 use crate::grpc;
-use crate::timeout::Budget;
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -112,28 +112,25 @@ where
             .flatten()
             .and_then(|v| grpc::decode(v.as_bytes()))
             .map(Deadline::after);
-        let budget = Budget::new(self.config.limit, earliest(Deadline::of(&req), incoming));
+        let cap = Cap::new(self.config.limit, earliest(Deadline::of(&req), incoming));
         let is_grpc = tower_once_core::grpc::is_grpc(req.headers());
         let expired = expired_response(self.config.status, is_grpc);
-        if budget.is_spent() {
+        if cap.is_spent() {
             return ServerFuture {
                 kind: Kind::Expired {
                     response: Some(expired),
                 },
             };
         }
-        let deadline = Deadline::at(budget.until);
+        let deadline = Deadline::at(cap.until);
         req.extensions_mut().insert(deadline);
         let inner = deadline.scope(|| self.inner.call(req));
         ServerFuture {
             kind: Kind::Running {
                 inner,
-                sleep: tokio::time::sleep_until(budget.until),
+                sleep: tokio::time::sleep_until(cap.until),
                 expired: Some(expired),
-                cover: self
-                    .config
-                    .cover_body
-                    .then_some((budget.until, budget.elapsed)),
+                cover: self.config.cover_body.then_some((cap.until, cap.elapsed)),
             },
         }
     }
