@@ -11,11 +11,17 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod body;
+pub mod carrier;
 pub mod time;
 
 /// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header), read by the
 /// server layer and stamped by the client layer.
 pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
+/// The header an idempotency server adds, with the value `true`, to its "still in progress"
+/// answers (HTTP `409`, gRPC `UNAVAILABLE`), so a client can tell them from other failures.
+pub const IDEMPOTENCY_IN_PROGRESS: http::HeaderName =
+    http::HeaderName::from_static("idempotency-in-progress");
 
 /// The gRPC vocabulary every layer uses: recognising gRPC traffic, status codes, reading
 /// `grpc-status` from headers or trailers, and building a trailers-only answer.

@@ -7,19 +7,32 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::carrier::Carrier;
 
 /// The instant by which an operation (all its attempts and the waits between them) must be done.
 ///
 /// It is absolute, on tokio's monotonic clock, so it means the same thing wherever it is read
 /// and paused-time tests control it. It reaches inner layers in two ways:
 ///
-/// - as a **request extension** on `http::Request`s, which transports and layers that call
-///   their inner service later (or on another task) can read; and
-/// - as the **call scope** of [`Deadline::scope`], for any request type: code running inside the
-///   closure (typically an inner service's `call`) sees it through [`Deadline::current`].
+/// - **with the request**, in its extensions, for every request type that is a
+///   [`Carrier`] (`http::Request`, `tonic::Request`, the worker's `Job`, the outbox's
+///   `OutboxMessage`): it crosses a `tower::buffer::Buffer`, a spawned task or a channel with
+///   the request ([`attach`](Self::attach), [`of`](Self::of));
+/// - **in scope** on the thread, for any request type: code running inside
+///   [`Deadline::scope`], or polled inside [`Deadline::in_scope`], sees it through
+///   [`Deadline::current`]. The layers read the scope when they are called *and every time
+///   their futures are polled*, so a deadline in scope while the caller polls also reaches
+///   layers behind a `Buffer` (whose worker hands the inner future back to the caller). A scope
+///   around `call` alone does not: a `Buffer`'s `call` only queues the request.
 ///
-/// `RetryLayer` sets both on each attempt; [`TimeoutLayer`](crate::TimeoutLayer) reads the scope,
-/// [`HttpTimeoutLayer`](crate::http::HttpTimeoutLayer) reads both.
+/// `RetryLayer` sets both on each attempt; [`TimeoutLayer`](crate::TimeoutLayer) and
+/// [`HttpTimeoutLayer`](crate::http::HttpTimeoutLayer) read both and always keep the earliest.
+///
+/// | the caller gives the deadline | inner layers in the same task | behind a `Buffer` | on another task |
+/// |---|---|---|---|
+/// | on the request ([`attach`](Self::attach)), a [`Carrier`] | ✓ | ✓ | ✓ |
+/// | [`in_scope`](Self::in_scope) around the call's future | ✓ | ✓ | – |
+/// | [`scope`](Self::scope) around `call` only | ✓ | – | – |
 ///
 /// ```
 /// use std::time::Duration;
@@ -45,12 +58,12 @@ thread_local! {
 }
 
 impl Deadline {
-    /// The deadline `budget` from now.
-    pub fn after(budget: Duration) -> Self {
+    /// The deadline `within` from now.
+    pub fn after(within: Duration) -> Self {
         // Saturates (about 100 years) instead of panicking on `Duration::MAX`.
         Self(tower_once_core::time::saturating_add(
             Instant::now(),
-            budget,
+            within,
         ))
     }
 
@@ -79,12 +92,41 @@ impl Deadline {
         CURRENT.with(Cell::get)
     }
 
-    /// The earlier of the request's deadline extension and the current scope.
-    pub fn of<B>(request: &http::Request<B>) -> Option<Self> {
-        earliest(
-            request.extensions().get::<Deadline>().copied(),
-            Self::current(),
-        )
+    /// The earlier of the deadline the request carries and the current scope.
+    pub fn of<R: Carrier + ?Sized>(request: &R) -> Option<Self> {
+        earliest(Self::carried(request), Self::current())
+    }
+
+    /// The deadline the request carries, if it is a [`Carrier`] with one.
+    pub fn carried<R: Carrier + ?Sized>(request: &R) -> Option<Self> {
+        request
+            .extensions()
+            .and_then(|e| e.get::<Deadline>())
+            .copied()
+    }
+
+    /// Puts this deadline on `request`, to travel with it: across a `Buffer`, a spawned task
+    /// or a channel. Deadlines only tighten: a request that carries an earlier one keeps it.
+    /// A request type that carries nothing ([`Carrier`]) is left as it is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_once_timeout::Deadline;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let mut req = http::Request::new(());
+    /// let soon = Deadline::after(Duration::from_secs(1));
+    /// soon.attach(&mut req);
+    /// Deadline::after(Duration::from_secs(60)).attach(&mut req);
+    /// assert_eq!(Deadline::carried(&req), Some(soon));
+    /// # }
+    /// ```
+    pub fn attach<R: Carrier + ?Sized>(self, request: &mut R) {
+        if let Some(extensions) = request.extensions_mut() {
+            let carried = extensions.get::<Deadline>().copied();
+            extensions.insert(carried.map_or(self, |carried| carried.min(self)));
+        }
     }
 
     /// Runs `f` with this deadline as the [`current`](Self::current) one. Scopes only tighten:

@@ -5,7 +5,8 @@ use std::time::Duration;
 /// A call did not finish in time.
 ///
 /// It carries the limit that fired and whether that limit was the per-call cap or the remaining
-/// operation deadline. `RetryLayer` classifies it as retryable (while budget remains).
+/// operation deadline. `RetryLayer` retries it while time is left before the deadline; an
+/// expiry at the deadline ([`is_deadline`](Self::is_deadline)) is never retried.
 ///
 /// ```
 /// use std::time::Duration;
@@ -35,7 +36,7 @@ impl Elapsed {
     }
 
     /// Whether the operation's deadline, rather than the per-call limit, fired. A retry cannot
-    /// help then: the budget is spent.
+    /// help then: no time is left, and `RetryLayer` does not retry it.
     pub const fn is_deadline(&self) -> bool {
         self.deadline
     }

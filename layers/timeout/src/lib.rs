@@ -44,12 +44,17 @@
 //! | the result and the timer are ready in the same poll | the result | |
 //!
 //! Time is tokio's monotonic clock ([`tokio::time::Instant`]), so `#[tokio::test(start_paused =
-//! true)]` tests control it. The inner service is called inside a [`Deadline::scope`] of the
-//! call's own (possibly tighter) deadline, so layers below it see the budget too.
+//! true)]` tests control it. The deadline is the earliest of the one the request carries (a
+//! [`Carrier`]: `http::Request`, `tonic::Request`, the worker's `Job`, the outbox's
+//! `OutboxMessage`), the one in scope when the layer is called, and the one in scope while its
+//! future is polled (so `Deadline::in_scope` reaches a layer behind a `tower::buffer::Buffer`).
+//! The inner service is called inside a [`Deadline::scope`] of the call's own (possibly
+//! tighter) deadline, which the request also carries on, so layers below it, on this task or
+//! another, see the time left too. The request type must be a [`Carrier`]; plain values
+//! (`String`, numbers, ...) are, carrying nothing.
 //!
-//! For HTTP, [`http::HttpTimeoutLayer`] also reads and writes the deadline as a request
-//! extension, can cover the response body and can send the budget to the server in
-//! `grpc-timeout` or a header; [`http::ServerTimeoutLayer`] answers a status instead of an error
+//! For HTTP, [`http::HttpTimeoutLayer`] also can cover the response body and can send the time
+//! left to the server in `grpc-timeout` or a header; [`http::ServerTimeoutLayer`] answers a status instead of an error
 //! and can honour a client's `grpc-timeout`.
 //!
 //! # Differences from tower::timeout and tower-http's TimeoutLayer
@@ -85,3 +90,4 @@ mod timeout;
 pub use self::deadline::{Deadline, InScope};
 pub use self::error::{Elapsed, TimeoutError};
 pub use self::timeout::{ResponseFuture, Timeout, TimeoutLayer};
+pub use tower_once_core::carrier::{self, Carrier};

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
 use tower_layer::Layer;
+use tower_once_core::carrier::Carrier;
 use tower_service::Service;
 
 /// Caps each call of the inner service at a wall-clock limit, or at the remaining
@@ -78,6 +79,7 @@ impl<S> Timeout<S> {
 impl<S, Req> Service<Req> for Timeout<S>
 where
     S: Service<Req>,
+    Req: Carrier,
 {
     type Response = S::Response;
     type Error = TimeoutError<S::Error>;
@@ -87,13 +89,16 @@ where
         self.inner.poll_ready(cx).map_err(TimeoutError::inner)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
-        let cap = Cap::new(self.limit, Deadline::current());
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let cap = Cap::new(self.limit, Deadline::of(&req));
         if cap.is_spent() {
             return ResponseFuture::spent(cap);
         }
-        // Inner layers and transports see this call's own, tighter, deadline.
-        let inner = Deadline::at(cap.until).scope(|| self.inner.call(req));
+        // Inner layers and transports see this call's own, tighter, deadline: in scope, and
+        // on the request when it carries one (across a `Buffer` or a task).
+        let deadline = Deadline::at(cap.until);
+        deadline.attach(&mut req);
+        let inner = deadline.scope(|| self.inner.call(req));
         ResponseFuture::new(inner, cap)
     }
 }
@@ -138,7 +143,7 @@ where
     type Output = Result<T, TimeoutError<E>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         let Some(inner) = this.inner.as_pin_mut() else {
             this.elapsed.record("timeout");
             tracing::debug!("deadline already spent; inner service not called");
@@ -148,6 +153,14 @@ where
         // as the timer wins (as in tower::timeout).
         if let Poll::Ready(result) = inner.poll(cx) {
             return Poll::Ready(result.map_err(TimeoutError::inner));
+        }
+        // The deadline in scope while the caller polls (`Deadline::in_scope`, a retry's
+        // attempt polling this future across a `Buffer`) caps the call too.
+        if let Some(current) = Deadline::current() {
+            if current.instant() < this.sleep.deadline() {
+                *this.elapsed = Elapsed::new(current.remaining(), true);
+                this.sleep.as_mut().reset(current.instant());
+            }
         }
         match this.sleep.poll(cx) {
             Poll::Ready(()) => {

@@ -16,7 +16,7 @@ use tower_service::Service;
 
 /// The HTTP client-side timeout: [`TimeoutLayer`](crate::TimeoutLayer) plus the deadline
 /// extension, an optional cover of the response body, and an optional outgoing header that
-/// tells the server the budget left.
+/// tells the server the time left.
 ///
 /// ```
 /// use std::time::Duration;
@@ -61,14 +61,14 @@ impl HttpTimeoutLayer {
         self
     }
 
-    /// Sends the budget left in `grpc-timeout` (gRPC wire format), so the server can stop
+    /// Sends the time left in `grpc-timeout` (gRPC wire format), so the server can stop
     /// working on a call the client has given up on.
     pub fn propagate_grpc_timeout(mut self) -> Self {
         self.propagate = Some(Propagate::Grpc);
         self
     }
 
-    /// Sends the budget left, in whole milliseconds (rounded up), in the header `name`.
+    /// Sends the time left, in whole milliseconds (rounded up), in the header `name`.
     pub fn propagate_header(mut self, name: HeaderName) -> Self {
         self.propagate = Some(Propagate::Millis(name));
         self

@@ -3,11 +3,11 @@
 //!
 //! | | [`TimeoutLayer`](crate::TimeoutLayer) | [`HttpTimeoutLayer`] | [`ServerTimeoutLayer`] |
 //! |---|---|---|---|
-//! | requests | any | `http::Request` | `http::Request` |
-//! | deadline read from | call scope | call scope and extension | call scope, extension, `grpc-timeout` (opt-in) |
+//! | requests | any [`Carrier`](crate::Carrier) | `http::Request` | `http::Request` |
+//! | deadline read from | scope (call and polls), extension (carriers) | scope (call and polls) and extension | call scope, extension, `grpc-timeout` (opt-in) |
 //! | on expiry | `Err(TimeoutError)` | `Err(TimeoutError)` | status response (`503`), or `grpc-status: 4` |
 //! | response body covered | n/a | opt-in | opt-in |
-//! | budget sent downstream | scope | scope, extension, `grpc-timeout` or a header (opt-in) | scope, extension for the handler |
+//! | time left sent downstream | scope, extension (carriers) | scope, extension, `grpc-timeout` or a header (opt-in) | scope, extension for the handler |
 
 mod body;
 mod client;

@@ -19,7 +19,7 @@ use tower_service::Service;
 /// `grpc-status: 4` (`DEADLINE_EXCEEDED`) in a trailers-only response.
 ///
 /// The handler sees its deadline as a [`Deadline`] request extension, so its own outgoing calls
-/// can carry the remaining budget on.
+/// can carry the time left on.
 ///
 /// ```no_run
 /// use std::time::Duration;
