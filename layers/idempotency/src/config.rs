@@ -7,6 +7,10 @@ use std::time::Duration;
 /// The default `Idempotency-Key` header name.
 pub use tower_once_core::IDEMPOTENCY_KEY;
 
+/// The header added, with the value `true`, to the layer's "still in progress" answers (`409`,
+/// gRPC `UNAVAILABLE`), so that a client's retry layer can tell them from failures.
+pub use tower_once_core::IDEMPOTENCY_IN_PROGRESS;
+
 /// The header added to replayed responses, with the value `true` (as Stripe does).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 

@@ -57,7 +57,7 @@
 //!
 //! | situation                                        | answer                                          | handler runs |
 //! |--------------------------------------------------|-------------------------------------------------|--------------|
-//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx but 400, 413, 415, 422) | yes, once |
+//! | new key                                          | the handler's response (stored if 2xx/3xx/4xx but 400, 408, 413, 415, 422, 425, 429: [`RELEASED_CLIENT_ERRORS`](predicate::RELEASED_CLIENT_ERRORS)) | yes, once |
 //! | same key, same request, completed                | stored status, headers, body, trailers + `Idempotent-Replayed: true` | no |
 //! | same key, same request, still running            | `409` + `Retry-After` (lease left, at most 1 s) | no           |
 //! | same key, same method and path, different query or body | `422`                                    | no           |
@@ -92,8 +92,8 @@
 //! # Stores
 //!
 //! [`MemoryStore`](store::MemoryStore) (the default) is bounded, expires by TTL and serves one
-//! process. Several replicas share keys through `RedisStore` (feature `redis`), on Redis, Redis
-//! Cluster or Valkey. Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
+//! process. Several replicas share keys through `RedisStore` (feature `redis`), on Redis or Redis
+//! Cluster (it uses only commands Valkey shares, but is not tested on Valkey). Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
 //! contract and a conformance suite are in [`store`].
 //!
 //! # Observability
@@ -117,7 +117,7 @@
 //!
 //! | feature       | enables |
 //! |---------------|---------|
-//! | `redis`       | `store::redis`: `RedisStore` for Redis, Redis Cluster and Valkey |
+//! | `redis`       | `store::redis`: `RedisStore` for Redis and Redis Cluster |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
 //! | `metrics`     | `tower_once_idempotency_requests_total{outcome}`, one per covered request, through the `metrics` facade |
 //! | `axum`        | nothing any more: records always follow axum's `OriginalUri`; kept so that manifests naming it build |
@@ -146,7 +146,7 @@ mod service;
 pub mod store;
 
 pub use self::body::{RequestBody, ResponseBody};
-pub use self::config::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use self::config::{IDEMPOTENCY_IN_PROGRESS, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use self::detached::Detached;
 pub use self::future::ResponseFuture;
 pub use self::layer::IdempotencyLayer;

@@ -8,7 +8,7 @@
 //! | no tenant or principal to scope the key by ([`scope`](crate::scope)) | 401 | `urn:tower-once:idempotency:missing-scope` | |
 //! | request body unreadable       | 400    | `urn:tower-once:idempotency:request-body-error`     |               |
 //! | request body over the limit   | 413    | `urn:tower-once:idempotency:body-too-large`         |               |
-//! | same key still in progress    | 409    | `urn:tower-once:idempotency:in-progress`            | min(lease left, 1 s) |
+//! | same key still in progress    | 409    | `urn:tower-once:idempotency:in-progress`            | min(lease left, 1 s), with `Idempotency-In-Progress: true` |
 //! | same key, completed, response too large to keep | 409 | `urn:tower-once:idempotency:not-replayable` |      |
 //! | same key, different request   | 422    | `urn:tower-once:idempotency:fingerprint-mismatch`   |               |
 //! | handler's response body failed | 500  | `urn:tower-once:idempotency:response-body-error`    |               |
@@ -29,6 +29,7 @@ use http::{Response, StatusCode};
 use std::time::Duration;
 /// gRPC status codes, as the layer answers gRPC clients with them.
 pub use tower_once_core::grpc::Code;
+use tower_once_core::IDEMPOTENCY_IN_PROGRESS;
 
 /// One case of layer-generated error response.
 ///
@@ -246,11 +247,19 @@ impl Problems {
         retry_after: Option<Duration>,
         grpc: bool,
     ) -> Response<Bytes> {
-        match &self.0 {
+        let mut response = match &self.0 {
             Some(custom) => custom(kind, retry_after),
             None if grpc => kind.grpc_response(retry_after),
             None => kind.response(retry_after),
+        };
+        // NOTE: what tells a client's retry layer "still running, not a failure" (its
+        // classifier's `InProgress`), in every format, custom ones included.
+        if kind == ProblemKind::InProgress {
+            response
+                .headers_mut()
+                .insert(IDEMPOTENCY_IN_PROGRESS, HeaderValue::from_static("true"));
         }
+        response
     }
 }
 

@@ -4,6 +4,7 @@ use crate::error::OutboxError;
 use bytes::Bytes;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tower_once_core::IDEMPOTENCY_KEY;
+use tower_once_timeout::Carrier;
 
 /// The longest dedupe key, as for an `Idempotency-Key` (Stripe allows 255 characters too).
 pub const MAX_KEY_LEN: usize = 255;
@@ -67,6 +68,10 @@ impl Enqueued {
 }
 
 /// A message the relay is sending: what the sender service receives.
+///
+/// It carries the send's [`Deadline`](tower_once_timeout::Deadline) in its
+/// [`extensions`](Self::extensions) (it is a [`Carrier`]), so a `RetryLayer` or `TimeoutLayer`
+/// in the sender sees it even behind a `Buffer` or on another task.
 #[derive(Debug, Clone)]
 pub struct OutboxMessage {
     pub(crate) id: i64,
@@ -75,6 +80,17 @@ pub struct OutboxMessage {
     pub(crate) payload: Bytes,
     pub(crate) attempt: u32,
     pub(crate) created_at: SystemTime,
+    pub(crate) extensions: http::Extensions,
+}
+
+impl Carrier for OutboxMessage {
+    fn extensions(&self) -> Option<&http::Extensions> {
+        Some(&self.extensions)
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        Some(&mut self.extensions)
+    }
 }
 
 impl OutboxMessage {
@@ -109,8 +125,19 @@ impl OutboxMessage {
         self.created_at
     }
 
+    /// What travels with the message to the sender (the relay puts the send's deadline here).
+    pub fn extensions(&self) -> &http::Extensions {
+        &self.extensions
+    }
+
+    /// What travels with the message to the sender, mutably.
+    pub fn extensions_mut(&mut self) -> &mut http::Extensions {
+        &mut self.extensions
+    }
+
     /// A `POST` of the payload to `uri` with the dedupe key as its `Idempotency-Key`, for HTTP
-    /// senders. Set the `Content-Type` your provider expects on the result.
+    /// senders, carrying the message's extensions (its deadline). Set the `Content-Type` your
+    /// provider expects on the result.
     ///
     /// ```no_run
     /// # fn message() -> tower_once_outbox::OutboxMessage { unimplemented!() }
@@ -124,9 +151,11 @@ impl OutboxMessage {
         http::Uri: TryFrom<U>,
         <http::Uri as TryFrom<U>>::Error: Into<http::Error>,
     {
-        http::Request::post(uri)
+        let mut request = http::Request::post(uri)
             .header(IDEMPOTENCY_KEY, self.dedupe_key.as_str())
-            .body(self.payload.clone())
+            .body(self.payload.clone())?;
+        *request.extensions_mut() = self.extensions.clone();
+        Ok(request)
     }
 }
 
@@ -175,6 +204,82 @@ pub(crate) fn time_from_millis(millis: i64) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    use std::sync::Arc;
+    use tower::{Layer, ServiceExt};
+    use tower_once_retry::RetryLayer;
+    use tower_once_timeout::{Deadline, TimeoutLayer};
+
+    fn message() -> OutboxMessage {
+        OutboxMessage {
+            id: 1,
+            topic: "email".to_owned(),
+            dedupe_key: "order-1:email".to_owned(),
+            payload: Bytes::from_static(b"{}"),
+            attempt: 1,
+            created_at: UNIX_EPOCH,
+            extensions: http::Extensions::new(),
+        }
+    }
+
+    /// A message carries the relay's send deadline (it is a `Carrier`), as the relay attaches
+    /// it: a sender stack behind a `Buffer`, reached from another task, ends at it, and an
+    /// inner retry layer there defers to the outer one.
+    #[tokio::test(start_paused = true)]
+    async fn a_messages_deadline_and_attempt_mark_cross_a_buffer_and_a_task() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let hanging = tower::service_fn(move |_m: OutboxMessage| {
+            counter.fetch_add(1, SeqCst);
+            std::future::pending::<Result<(), std::io::Error>>()
+        });
+        let stack = RetryLayer::new()
+            .no_budget()
+            .layer(TimeoutLayer::new(Duration::from_secs(30)).layer(hanging));
+        let buffered = tower::buffer::Buffer::new(stack, 4);
+        let mut sent = message();
+        Deadline::after(Duration::from_secs(2)).attach(&mut sent);
+        let started = tokio::time::Instant::now();
+        assert!(tokio::spawn(buffered.oneshot(sent)).await.unwrap().is_err());
+        assert_eq!(calls.load(SeqCst), 1, "no retry after the deadline");
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let failing = tower::service_fn(move |_m: OutboxMessage| {
+            counter.fetch_add(1, SeqCst);
+            async { Err::<(), _>(std::io::Error::other("503")) }
+        });
+        let inner = RetryLayer::new().no_budget().layer(failing);
+        let spawning = tower::service_fn(move |m: OutboxMessage| {
+            let inner = inner.clone();
+            async move { tokio::spawn(inner.oneshot(m)).await.unwrap() }
+        });
+        let outer = RetryLayer::new()
+            .no_budget()
+            .max_attempts(3)
+            .layer(spawning);
+        let err = outer.oneshot(message()).await.unwrap_err();
+        assert_eq!(err.attempts(), 3);
+        assert_eq!(calls.load(SeqCst), 3, "3 attempts, not 3 x 4");
+    }
+
+    #[test]
+    fn the_http_request_of_a_message_carries_its_deadline() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut m = message();
+            let deadline = Deadline::after(Duration::from_secs(2));
+            deadline.attach(&mut m);
+            let request = m.http_request("http://mailer/send").unwrap();
+            assert_eq!(Deadline::carried(&request), Some(deadline));
+            assert_eq!(request.headers()["idempotency-key"], "order-1:email");
+        });
+    }
 
     #[test]
     fn keys_that_cannot_be_a_header_are_refused() {

@@ -11,7 +11,8 @@
 //! |---|---|
 //! | `Err(_)` (transport, connect, [`Elapsed`](tower_once_timeout::Elapsed)) | retry |
 //! | 408, 429, 500, 502, 503, 504 | retry, after `Retry-After` if sent |
-//! | 409 with `Retry-After` (an idempotency server: "still in progress") | retry after it |
+//! | 409 with `Retry-After` or `Idempotency-In-Progress: true` (an idempotency server: "still in progress") | in progress: ask again after it |
+//! | `grpc-status` 14 `UNAVAILABLE` with `idempotency-in-progress: true` | in progress: ask again after `grpc-retry-pushback-ms` |
 //! | `grpc-status` 14 `UNAVAILABLE` or 8 `RESOURCE_EXHAUSTED` | retry, after `grpc-retry-pushback-ms` if sent; a negative or malformed pushback stops |
 //! | anything else (2xx, 3xx, other 4xx and 5xx, other gRPC codes) | success or stop: returned as is |
 //!
@@ -36,15 +37,26 @@
 use http::{HeaderMap, Response, StatusCode};
 use std::time::{Duration, SystemTime};
 use tower_once_core::grpc::Code;
+use tower_once_core::IDEMPOTENCY_IN_PROGRESS;
 
 /// What to do with an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Action {
     /// Done: return it.
     Success,
     /// Transient: try again, after `after` if the server said how long to wait.
     Retry {
         /// The server's requested delay (`Retry-After`, gRPC pushback); `None` uses the backoff.
+        after: Option<Duration>,
+    },
+    /// The same operation is still running elsewhere (an idempotency server's "in progress"
+    /// answer): ask again, after `after` if the server said when. It is not an answer: if the
+    /// layer has to give up on it (the deadline, the attempts or the budget ran out), the
+    /// operation ends with an error that [says so](crate::RetryError::is_in_progress), for the
+    /// operation may still complete.
+    InProgress {
+        /// The server's requested delay; `None` uses the backoff.
         after: Option<Duration>,
     },
     /// Final: another attempt cannot succeed. Return it.
@@ -120,6 +132,10 @@ impl<Res, E> Classify<Res, E> for RetryOnError {
 ///     Action::Retry { after: Some(std::time::Duration::from_secs(2)) }
 /// );
 /// assert_eq!(c.classify(&response(409, None)), Action::Stop);
+/// assert_eq!(
+///     c.classify(&response(409, Some("1"))),
+///     Action::InProgress { after: Some(std::time::Duration::from_secs(1)) }
+/// );
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HttpClassifier;
@@ -143,6 +159,12 @@ impl<B, E> Classify<Response<B>, E> for HttpClassifier {
         if let Some(carrier) = carrier {
             return match Code::of(carrier) {
                 Some(Code::Ok) => Action::Success,
+                Some(Code::Unavailable) if says_in_progress(carrier) => {
+                    match grpc_pushback(carrier) {
+                        Action::Retry { after } => Action::InProgress { after },
+                        other => other,
+                    }
+                }
                 Some(Code::Unavailable | Code::ResourceExhausted) => grpc_pushback(carrier),
                 _ => Action::Stop,
             };
@@ -158,13 +180,21 @@ impl<B, E> Classify<Response<B>, E> for HttpClassifier {
                 after: retry_after(headers, SystemTime::now()),
             },
             StatusCode::CONFLICT => match retry_after(headers, SystemTime::now()) {
-                Some(after) => Action::Retry { after: Some(after) },
+                Some(after) => Action::InProgress { after: Some(after) },
+                None if says_in_progress(headers) => Action::InProgress { after: None },
                 None => Action::Stop,
             },
             s if s.is_success() || s.is_informational() || s.is_redirection() => Action::Success,
             _ => Action::Stop,
         }
     }
+}
+
+/// Whether an idempotency server marked its answer "still in progress".
+fn says_in_progress(headers: &HeaderMap) -> bool {
+    headers
+        .get(IDEMPOTENCY_IN_PROGRESS)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
 }
 
 /// gRPC A6: a pushback of `n >= 0` ms retries after it; a negative or malformed one stops.
@@ -249,7 +279,11 @@ mod tests {
         let after = Some(Duration::from_secs(3));
         assert_eq!(
             classify(409, &[("retry-after", "3")]),
-            Action::Retry { after }
+            Action::InProgress { after }
+        );
+        assert_eq!(
+            classify(409, &[("idempotency-in-progress", "true")]),
+            Action::InProgress { after: None }
         );
         assert_eq!(
             classify(503, &[("retry-after", "3")]),
@@ -299,6 +333,20 @@ mod tests {
             classify(200, &[("grpc-status", "4")]),
             Action::Stop,
             "DEADLINE_EXCEEDED"
+        );
+        let in_progress = classify(
+            200,
+            &[
+                ("grpc-status", "14"),
+                ("grpc-retry-pushback-ms", "700"),
+                ("idempotency-in-progress", "true"),
+            ],
+        );
+        assert_eq!(
+            in_progress,
+            Action::InProgress {
+                after: Some(Duration::from_millis(700))
+            }
         );
         let pushback = |v| classify(200, &[("grpc-status", "14"), ("grpc-retry-pushback-ms", v)]);
         assert_eq!(

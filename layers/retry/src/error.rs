@@ -1,5 +1,6 @@
 use std::error::Error as StdError;
 use std::fmt;
+use std::time::Duration;
 
 /// Why the layer stopped retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,16 +35,24 @@ impl fmt::Display for GiveUp {
 }
 
 /// The error of a [`Retry`](crate::Retry)-wrapped service: why the layer stopped, how many
-/// attempts were made, and the last attempt's error when there was one. The inner error keeps
-/// its type ([`get_inner`](Self::get_inner), [`into_inner`](Self::into_inner)) and is the
-/// [`source`](StdError::source).
+/// attempts were made and how long it took, and the last attempt's error when there was one.
+/// The inner error keeps its type ([`get_inner`](Self::get_inner),
+/// [`into_inner`](Self::into_inner)) and is the [`source`](StdError::source).
 ///
 /// When the last outcome was a response (a `503`, say), giving up returns that response as
-/// `Ok`, not an error. When the operation's deadline passes while an attempt is still running,
-/// the layer ends the operation itself: the error then has no inner error and
-/// [`is_deadline`](Self::is_deadline) is true.
+/// `Ok`, not an error. The error has no inner error when the layer ended the operation itself:
+///
+/// - the deadline passed while an attempt was still running, or before one could start
+///   ([`is_deadline`](Self::is_deadline)); an attempt that was running **may still complete**
+///   ([`may_have_executed`](Self::may_have_executed));
+/// - the server said the operation is still running (an idempotency server's "in progress")
+///   and the layer ran out of time, attempts or budget before it finished
+///   ([`is_in_progress`](Self::is_in_progress)): the operation may still complete, and the
+///   same request with the same [`idempotency_key`](Self::idempotency_key) fetches its result
+///   later.
 ///
 /// ```
+/// use std::time::Duration;
 /// use tower_once_retry::{GiveUp, RetryError};
 ///
 /// let err = RetryError::new(GiveUp::Exhausted, 4, std::io::Error::other("reset"));
@@ -52,15 +61,21 @@ impl fmt::Display for GiveUp {
 /// assert_eq!(err.to_string(), "gave up after 4 attempts (exhausted): reset");
 /// assert!(std::error::Error::source(&err).is_some());
 ///
-/// let late = RetryError::<std::io::Error>::deadline(2);
-/// assert!(late.is_deadline() && late.get_inner().is_none());
-/// assert_eq!(late.to_string(), "gave up after 2 attempts (deadline): the deadline passed");
+/// let late = RetryError::<std::io::Error>::deadline(2).with_elapsed(Duration::from_millis(1500));
+/// assert!(late.is_deadline() && late.get_inner().is_none() && late.may_have_executed());
+/// assert_eq!(
+///     late.to_string(),
+///     "the deadline passed after 1.5 s, during attempt 2; the operation may still complete"
+/// );
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryError<E> {
     reason: GiveUp,
     attempts: u32,
     inner: Option<E>,
+    elapsed: Duration,
+    in_progress: bool,
+    key: Option<String>,
 }
 
 impl<E> RetryError<E> {
@@ -71,17 +86,49 @@ impl<E> RetryError<E> {
             reason,
             attempts,
             inner: Some(inner),
+            elapsed: Duration::ZERO,
+            in_progress: false,
+            key: None,
         }
     }
 
     /// The error of an operation whose deadline passed while attempt number `attempts` was
-    /// still running (or waiting for the service to be ready).
+    /// still running (or waiting for the service to be ready); `0` when it passed before the
+    /// first attempt.
     pub const fn deadline(attempts: u32) -> Self {
         Self {
             reason: GiveUp::Deadline,
             attempts,
             inner: None,
+            elapsed: Duration::ZERO,
+            in_progress: false,
+            key: None,
         }
+    }
+
+    /// The error of an operation that stopped for `reason` after `attempts` while the server
+    /// said it was still running it.
+    pub const fn in_progress(reason: GiveUp, attempts: u32) -> Self {
+        Self {
+            reason,
+            attempts,
+            inner: None,
+            elapsed: Duration::ZERO,
+            in_progress: true,
+            key: None,
+        }
+    }
+
+    /// The same error, saying the operation took `elapsed`.
+    pub const fn with_elapsed(mut self, elapsed: Duration) -> Self {
+        self.elapsed = elapsed;
+        self
+    }
+
+    /// The same error, carrying the idempotency key every attempt was sent with.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
     }
 
     /// Why the layer stopped.
@@ -94,13 +141,38 @@ impl<E> RetryError<E> {
         self.attempts
     }
 
+    /// How long the operation ran, from its call to the give-up (zero when not measured).
+    pub const fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
     /// Whether the operation ran out of time (its deadline passed, or the next wait would end
     /// after it).
     pub const fn is_deadline(&self) -> bool {
         matches!(self.reason, GiveUp::Deadline)
     }
 
-    /// The last attempt's error; `None` when the deadline cut an attempt short.
+    /// Whether the server said the operation was still running when the layer gave up: it may
+    /// still complete; send the same request with the same
+    /// [`idempotency_key`](Self::idempotency_key) later to fetch its result.
+    pub const fn is_in_progress(&self) -> bool {
+        self.in_progress
+    }
+
+    /// Whether the operation may have had its effect although the caller got no answer: the
+    /// deadline cut an attempt that was running, or the server said it was still running.
+    pub const fn may_have_executed(&self) -> bool {
+        self.in_progress || (self.inner.is_none() && self.attempts > 0)
+    }
+
+    /// The `Idempotency-Key` the attempts carried (stamped or the caller's), when the HTTP
+    /// form sent one: the handle to fetch the result of an operation that may still complete.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The last attempt's error; `None` when the layer ended the operation itself (see the
+    /// type's docs).
     pub const fn get_inner(&self) -> Option<&E> {
         self.inner.as_ref()
     }
@@ -114,17 +186,77 @@ impl<E> RetryError<E> {
     }
 }
 
+/// `1.5 s`, `250 ms`: a duration as people read it.
+struct Human(Duration);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms < 1000 {
+            write!(f, "{ms} ms")
+        } else {
+            // Tenths of a second, rounded down: enough to read a deadline by.
+            write!(f, "{}.{} s", ms / 1000, (ms % 1000) / 100)
+        }
+    }
+}
+
+impl<E> RetryError<E> {
+    /// What happened, without the inner error: how many attempts, how long, and whether the
+    /// operation may still complete.
+    pub(crate) fn outline(&self) -> Outline<'_, E> {
+        Outline(self)
+    }
+}
+
+/// [`RetryError::outline`].
+pub(crate) struct Outline<'a, E>(&'a RetryError<E>);
+
+impl<E> fmt::Display for Outline<'_, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = self.0;
+        let s = if e.attempts == 1 { "" } else { "s" };
+        if e.in_progress {
+            write!(
+                f,
+                "gave up after {} attempt{s} ({}) in {}: the server was still running the operation, which may still complete",
+                e.attempts,
+                e.reason,
+                Human(e.elapsed)
+            )?;
+        } else if e.inner.is_some() {
+            write!(f, "gave up after {} attempt{s}", e.attempts)?;
+            if !e.elapsed.is_zero() {
+                write!(f, " in {}", Human(e.elapsed))?;
+            }
+            write!(f, " ({})", e.reason)?;
+        } else if e.attempts == 0 {
+            return write!(
+                f,
+                "the deadline passed after {}, before the first attempt",
+                Human(e.elapsed)
+            );
+        } else {
+            write!(
+                f,
+                "the deadline passed after {}, during attempt {}; the operation may still complete",
+                Human(e.elapsed),
+                e.attempts
+            )?;
+        }
+        match (&e.key, e.may_have_executed()) {
+            (Some(key), true) => write!(f, "; Idempotency-Key {key:?} fetches its result"),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl<E: fmt::Display> fmt::Display for RetryError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = if self.attempts == 1 { "" } else { "s" };
-        write!(
-            f,
-            "gave up after {} attempt{s} ({}): ",
-            self.attempts, self.reason
-        )?;
+        write!(f, "{}", self.outline())?;
         match &self.inner {
-            Some(inner) => write!(f, "{inner}"),
-            None => f.write_str("the deadline passed"),
+            Some(inner) => write!(f, ": {inner}"),
+            None => Ok(()),
         }
     }
 }

@@ -1,4 +1,4 @@
-use crate::attempt::in_attempt;
+use crate::attempt::{in_attempt, mark};
 use crate::classify::Classify;
 use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::time::{Instant, Sleep};
+use tower_once_core::carrier::Carrier;
 use tower_once_core::time::saturating_add;
 use tower_service::Service;
 
@@ -55,7 +56,7 @@ where
 impl<S, Req, C, H> Future for ResponseFuture<S, Req, C, H>
 where
     S: Service<Req>,
-    Req: Clone,
+    Req: Clone + Carrier,
     C: Classify<S::Response, S::Error>,
     H: OnRetry<S::Response, S::Error>,
 {
@@ -63,6 +64,19 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let Some(op) = this.operation.as_mut() else {
+            panic!("ResponseFuture polled after completion");
+        };
+        // NOTE: the deadline in scope while the caller polls (`Deadline::in_scope`, or an outer
+        // retry's attempt polling this future across a `Buffer`) bounds the operation too.
+        if let Some(deadline) = op.tighten() {
+            if let (Some(timer), false) = (
+                this.timer.as_mut().as_pin_mut(),
+                matches!(*this.state, State::Waiting),
+            ) {
+                timer.reset(deadline.instant());
+            }
+        }
         loop {
             let Some(op) = this.operation.as_mut() else {
                 panic!("ResponseFuture polled after completion");
@@ -71,7 +85,7 @@ where
                 StateProj::Calling { future } => {
                     // NOTE: polled inside the attempt's scope too, so that an inner RetryLayer
                     // or TimeoutLayer reached from this future (an `async` block, a
-                    // `oneshot`) sees the operation: see `service::in_attempt`.
+                    // `oneshot`, a `Buffer`'s future) sees the operation.
                     let deadline = op.deadline;
                     let Poll::Ready(outcome) = in_attempt(deadline, || future.poll(cx)) else {
                         return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
@@ -86,17 +100,27 @@ where
                             this.state.set(State::Waiting);
                         }
                         Err(reason) => {
-                            let attempts = op.attempt;
+                            // NOTE: an "in progress" answer is not the operation's outcome:
+                            // giving up on it says the operation may still complete.
+                            let result = if op.in_progress && reason != GiveUp::NotRetryable {
+                                Err(op.error(reason, None))
+                            } else {
+                                outcome.map_err(|e| op.error(reason, Some(e)))
+                            };
                             *this.operation = None;
                             this.state.set(State::Done);
-                            return Poll::Ready(
-                                outcome.map_err(|e| RetryError::new(reason, attempts, e)),
-                            );
+                            return Poll::Ready(result);
                         }
                     }
                 }
                 StateProj::Waiting => {
                     if let Some(mut timer) = this.timer.as_mut().as_pin_mut() {
+                        // NOTE: no backoff past the deadline: one that moved earlier while
+                        // waiting (see `tighten`) may now end before the wait does.
+                        if timer.deadline() >= op.deadline.instant() {
+                            op.give_up(GiveUp::Deadline);
+                            return Poll::Ready(Err(finish_early(this.operation, this.state)));
+                        }
                         ready!(timer.as_mut().poll(cx));
                         // Back to guarding the deadline for the next attempt.
                         timer.reset(op.deadline.instant());
@@ -104,24 +128,29 @@ where
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
+                    if op.attempt == 0 {
+                        op.begin();
+                    }
+                    // NOTE: no attempt once the deadline has passed.
+                    if op.is_expired() {
+                        op.give_up(GiveUp::Deadline);
+                        return Poll::Ready(Err(finish_early(this.operation, this.state)));
+                    }
                     let Poll::Ready(ready) = op.service.poll_ready(cx) else {
                         return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
                     };
                     if let Err(e) = ready {
-                        let attempts = op.attempt;
+                        let error = op.error(GiveUp::NotRetryable, Some(e));
                         *this.operation = None;
                         this.state.set(State::Done);
-                        return Poll::Ready(Err(RetryError::new(
-                            GiveUp::NotRetryable,
-                            attempts,
-                            e,
-                        )));
+                        return Poll::Ready(Err(error));
                     }
                     op.attempt += 1;
                     if !op.nested {
                         op.config.settings.stats.attempt();
                     }
-                    let request = op.request.clone();
+                    let mut request = op.request.clone();
+                    mark(&mut request, op.deadline);
                     let service = &mut op.service;
                     let future = in_attempt(op.deadline, || service.call(request));
                     this.state.set(State::Calling { future });
@@ -132,12 +161,25 @@ where
     }
 }
 
+/// Ends the operation at its deadline, without an attempt's outcome.
+fn finish_early<S, Req, C, H, F, E>(
+    operation: &mut Option<Operation<S, Req, C, H>>,
+    mut state: Pin<&mut State<F>>,
+) -> RetryError<E> {
+    let error = match operation.take() {
+        Some(op) => op.error(GiveUp::Deadline, None),
+        None => RetryError::deadline(0),
+    };
+    state.set(State::Done);
+    error
+}
+
 /// An attempt (or the service's readiness) is pending: ends the operation if its deadline has
 /// passed, else waits for whichever comes first.
 fn cut_off<S, Req, C, H, F, T, E>(
     mut cutoff: Pin<&mut Option<Sleep>>,
     operation: &mut Option<Operation<S, Req, C, H>>,
-    mut state: Pin<&mut State<F>>,
+    state: Pin<&mut State<F>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<T, RetryError<E>>> {
     let Some(op) = operation.as_ref() else {
@@ -150,14 +192,7 @@ fn cut_off<S, Req, C, H, F, T, E>(
         return Poll::Pending;
     };
     ready!(timer.poll(cx));
-    let attempts = op.attempt;
-    tracing::debug!(
-        attempts,
-        reason = GiveUp::Deadline.as_str(),
-        "deadline passed mid-attempt; giving up"
-    );
-    op.config.settings.stats.give_up(GiveUp::Deadline);
-    *operation = None;
-    state.set(State::Done);
-    Poll::Ready(Err(RetryError::deadline(attempts)))
+    tracing::debug!(attempts = op.attempt, "deadline passed mid-attempt");
+    op.give_up(GiveUp::Deadline);
+    Poll::Ready(Err(finish_early(operation, state)))
 }

@@ -8,12 +8,21 @@
 //!   [`classify::HttpClassifier`] knows HTTP statuses, `Retry-After` and gRPC status codes.
 //! - **Backoff**: exponential with jitter ([`backoff`]); a server's `Retry-After` replaces it
 //!   for one wait, capped.
-//! - **One deadline** for the whole operation (attempts and waits). The layer never sleeps past
-//!   it: when the next wait would end beyond it, it returns the last outcome at once, and an
-//!   attempt still running when it passes is dropped and the operation ends with
-//!   [`RetryError::is_deadline`], whatever sits below. Each attempt's `call` (and every poll
-//!   of its future) runs inside the [`Deadline`](tower_once_timeout::Deadline)'s scope, so a
+//! - **One deadline** for the whole operation (attempts and waits): the layer's own, or an
+//!   earlier one the request carries or the caller has in scope (even one that only comes into
+//!   scope while the caller polls, as with `Deadline::in_scope`). No attempt starts and no wait
+//!   continues once it has passed: when the next wait would end beyond it, the layer returns
+//!   the last outcome at once; an attempt still running when it passes is dropped and the
+//!   operation ends with [`RetryError::is_deadline`], whatever sits below; a failure at or
+//!   after it (an inner timeout the deadline cut short) is never retried. Each attempt's
+//!   `call` (and every poll of its future) runs inside the
+//!   [`Deadline`](tower_once_timeout::Deadline)'s scope and carries it on its request, so a
 //!   `TimeoutLayer` below caps each attempt at what is left.
+//! - **An honest outcome**: when the server says the operation is still running (an
+//!   idempotency server's `409` in progress, [`Action::InProgress`](classify::Action)) and the
+//!   deadline, the attempts or the budget run out, the operation ends with
+//!   [`RetryError::is_in_progress`] and the [key](RetryError::idempotency_key) to fetch the
+//!   result later, never with the `409` as if it were the answer.
 //! - **A retry budget** shared by every clone of the layer ([`budget`]): a total outage adds
 //!   about 20 % load, not four times as much.
 //! - **Nested layers do not multiply**: a `Retry` called inside another's attempt makes one
@@ -22,20 +31,23 @@
 //! # What crosses a `Buffer` or a spawned task
 //!
 //! The outer layer marks its attempts in two ways. A thread-local mark (with the deadline's
-//! call scope) is set while an attempt is called *and while its future is polled*, so an inner
-//! layer reached through an `async` block or a `oneshot` in that future sees it. The HTTP form
-//! ([`http`]) also puts the mark and the [`Deadline`](tower_once_timeout::Deadline) in the
-//! request's extensions, which travel with the request through `tower::buffer::Buffer`, a
-//! spawned task or a channel.
+//! scope) is set while an attempt is called *and while its future is polled*; the layers read
+//! it when they are called and when their futures are first polled, so an inner layer reached
+//! through an `async` block, a `oneshot` or a `tower::buffer::Buffer` (whose worker hands the
+//! inner future back to the caller, who polls it) sees it. Each attempt's request also carries
+//! the mark and the [`Deadline`](tower_once_timeout::Deadline) when its type is a
+//! [`Carrier`](tower_once_timeout::Carrier) (`http::Request`, `tonic::Request`, the worker's
+//! `Job`, the outbox's `OutboxMessage`, or a type of yours), so they travel with it to a
+//! spawned task or through a channel.
 //!
-//! | inner layer reached through | generic `RetryLayer` | HTTP form |
+//! | inner layer reached through | a request that carries them | a request that carries nothing (`String`, `u32`, ...) |
 //! |---|---|---|
-//! | a direct `call` or an `async` block / `oneshot` in the attempt's future | defers | defers |
-//! | `tower::buffer::Buffer`, `tokio::spawn`, a channel | **does not see the mark: multiplies** | defers (extension) |
+//! | a direct `call`, an `async` block or `oneshot` in the attempt's future | defers, sees the deadline | defers, sees the deadline |
+//! | `tower::buffer::Buffer` | defers, sees the deadline | defers, sees the deadline |
+//! | `tokio::spawn`, a channel (the inner future polled on another task) | defers, sees the deadline | **multiplies**, and sees only its own deadline (the outer layer still ends the operation at its deadline) |
 //!
-//! The deadline crosses the same way: an `HttpTimeoutLayer` behind a `Buffer` reads it from the
-//! extension; a generic `TimeoutLayer` behind a `Buffer` does not see it, but the outer retry
-//! layer still ends the operation at its deadline itself.
+//! A generic request type of your own carries nothing until it implements
+//! [`Carrier`](tower_once_timeout::Carrier) with extensions of its own.
 //!
 //! # Example
 //!
@@ -66,10 +78,13 @@
 //! | after an attempt | the layer |
 //! |---|---|
 //! | classified success or stop | returns the outcome (an `Err` as [`RetryError`] with [`GiveUp::NotRetryable`]) |
+//! | retry, but the deadline has passed | returns the outcome ([`GiveUp::Deadline`]): a deadline expiry is never retried |
 //! | retry, but the attempt limit is reached | returns the outcome ([`GiveUp::Exhausted`]) |
 //! | retry, but the wait would end past the deadline | returns the outcome at once ([`GiveUp::Deadline`]) |
 //! | retry, but the budget refuses | returns the outcome ([`GiveUp::Budget`]) |
 //! | retry | calls the hook, waits, drives the service to readiness, calls it again with a clone of the request |
+//! | in progress (the server is still running it) | as retry; when the layer gives up, `Err` with [`RetryError::is_in_progress`] instead of the outcome |
+//! | the deadline passes before an attempt could start, during a wait, or during an attempt | `Err` with [`RetryError::is_deadline`] and no inner error |
 //!
 //! A response that classified as retryable (a `503`, say) is returned as `Ok` when the layer
 //! gives up: the caller sees the last real answer. [`RetryLayer`] needs `Clone` requests (one

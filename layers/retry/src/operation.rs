@@ -1,8 +1,9 @@
 //! One logical operation: its deadline, its attempts so far, and the decision after each.
 
+use crate::attempt::is_nested;
 use crate::classify::{Action, Classify};
 use crate::config::SharedConfig;
-use crate::error::GiveUp;
+use crate::error::{GiveUp, RetryError};
 use crate::hook::{OnRetry, RetryEvent};
 use std::sync::PoisonError;
 use std::time::Duration;
@@ -16,6 +17,12 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) request: Req,
     pub(crate) config: SharedConfig<C, H>,
     pub(crate) deadline: Deadline,
+    /// The clock when the operation was called: the first attempt needs no other reading.
+    started: Instant,
+    /// Whether a deadline in scope while the future was polled moved `deadline` earlier.
+    tightened: bool,
+    /// Whether the last outcome said the operation is still running elsewhere.
+    pub(crate) in_progress: bool,
     pub(crate) attempt: u32,
     /// Inside another retry layer's attempt: one attempt, bound by this layer's own deadline
     /// when it is the shorter; the outer layer does the retrying.
@@ -27,8 +34,8 @@ pub(crate) struct Operation<S, Req, C, H> {
 
 impl<S, Req, C, H> Operation<S, Req, C, H> {
     /// Starts an operation: its deadline is this layer's own or `outer`, whichever ends first. A
-    /// `nested` operation (inside another layer's attempt) makes one attempt and is not counted:
-    /// the outer layer counts and retries.
+    /// `nested` operation (inside another layer's attempt) makes one attempt: the outer layer
+    /// counts and retries.
     pub(crate) fn start(
         service: S,
         req: Req,
@@ -36,18 +43,11 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
         outer: Option<Deadline>,
         nested: bool,
     ) -> Self {
-        let settings = &config.settings;
         // One clock reading serves the deadline and the budget: it is most of the happy path's cost.
-        let now = tokio::time::Instant::now();
-        if !nested {
-            settings.stats.operation();
-            if let Some(budget) = &settings.budget {
-                budget.deposit_at(now);
-            }
-        }
+        let now = Instant::now();
         let own = Deadline::at(tower_once_core::time::saturating_add(
             now,
-            settings.deadline,
+            config.settings.deadline,
         ));
         let deadline = match outer {
             Some(outer) if outer < own => outer,
@@ -58,11 +58,74 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             request: req,
             config,
             deadline,
+            started: now,
+            tightened: false,
+            in_progress: false,
             attempt: 0,
             nested,
             previous_delay: Duration::ZERO,
             rng: None,
         }
+    }
+
+    /// Called on the first poll, before the first attempt: the operation is nested if it is
+    /// polled inside another retry's attempt (a `Buffer`'s caller polls the future the worker
+    /// made); otherwise it is counted and deposits in the budget.
+    pub(crate) fn begin(&mut self) {
+        self.nested |= is_nested();
+        if !self.nested {
+            let settings = &self.config.settings;
+            settings.stats.operation();
+            if let Some(budget) = &settings.budget {
+                budget.deposit_at(self.started);
+            }
+        }
+    }
+
+    /// Moves the deadline earlier when the one in scope (the caller's, while it polls) is
+    /// sooner: the enclosing deadline bounds every attempt and every wait. Returns the new one.
+    pub(crate) fn tighten(&mut self) -> Option<Deadline> {
+        let current = Deadline::current()?;
+        (current < self.deadline).then(|| {
+            self.deadline = current;
+            self.tightened = true;
+            current
+        })
+    }
+
+    /// Whether the deadline has passed, so that no attempt may start.
+    pub(crate) fn is_expired(&self) -> bool {
+        if self.attempt == 0 && !self.tightened {
+            self.deadline.instant() <= self.started
+        } else {
+            self.deadline.is_expired()
+        }
+    }
+
+    /// The error that ends the operation for `reason`, with the last attempt's error `inner`
+    /// (`None` when the layer itself ended it, or the server said the operation is still
+    /// running): it says how long the operation ran.
+    pub(crate) fn error<E>(&self, reason: GiveUp, inner: Option<E>) -> RetryError<E> {
+        let error = match inner {
+            Some(inner) => RetryError::new(reason, self.attempt, inner),
+            None if self.in_progress => RetryError::in_progress(reason, self.attempt),
+            None => RetryError::deadline(self.attempt),
+        };
+        error.with_elapsed(self.started.elapsed())
+    }
+
+    /// Ends the operation for `reason`: counted (unless nested, where the outer layer counts)
+    /// and traced.
+    pub(crate) fn give_up(&self, reason: GiveUp) -> GiveUp {
+        if !self.nested {
+            self.config.settings.stats.give_up(reason);
+        }
+        tracing::debug!(
+            attempts = self.attempt,
+            reason = reason.as_str(),
+            "giving up"
+        );
+        reason
     }
 }
 
@@ -81,21 +144,20 @@ where
         if self.nested {
             return Err(GiveUp::NotRetryable);
         }
-        let after = match self.config.classifier.classify(outcome) {
-            Action::Success | Action::Stop => return Err(GiveUp::NotRetryable),
-            Action::Retry { after } => after,
+        let (after, in_progress) = match self.config.classifier.classify(outcome) {
+            Action::Retry { after } => (after, false),
+            Action::InProgress { after } => (after, true),
+            _ => return Err(GiveUp::NotRetryable),
         };
-        let give_up = |reason: GiveUp| {
-            settings.stats.give_up(reason);
-            tracing::debug!(
-                attempts = self.attempt,
-                reason = reason.as_str(),
-                "giving up"
-            );
-            Err(reason)
-        };
+        self.in_progress = in_progress;
+        let now = Instant::now();
+        // NOTE: a failure at or after the deadline (an inner timeout that the deadline cut
+        // short, say) is never retried, whatever the classifier says: no time is left.
+        if now >= self.deadline.instant() {
+            return Err(self.give_up(GiveUp::Deadline));
+        }
         if self.attempt >= settings.max_attempts {
-            return give_up(GiveUp::Exhausted);
+            return Err(self.give_up(GiveUp::Exhausted));
         }
         let (delay, from_server) = match after {
             Some(after) => (after.min(settings.retry_after_cap), true),
@@ -112,16 +174,16 @@ where
         };
         // NOTE: never sleep in vain: a wait that ends at or past the deadline leaves no time
         // for the attempt after it, so stop now with what we have.
-        if Instant::now()
+        if now
             .checked_add(delay)
             .is_none_or(|end| end >= self.deadline.instant())
         {
-            return give_up(GiveUp::Deadline);
+            return Err(self.give_up(GiveUp::Deadline));
         }
         if let Some(budget) = &settings.budget {
             if !budget.withdraw() {
                 settings.stats.budget_refusal();
-                return give_up(GiveUp::Budget);
+                return Err(self.give_up(GiveUp::Budget));
             }
         }
         settings.stats.retry(delay);

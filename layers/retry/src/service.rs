@@ -1,4 +1,4 @@
-use crate::attempt::is_nested;
+use crate::attempt::is_marked;
 use crate::classify::Classify;
 use crate::config::Config;
 use crate::error::RetryError;
@@ -7,6 +7,7 @@ use crate::hook::OnRetry;
 use crate::operation::Operation;
 use crate::shard::PerThread;
 use std::task::{Context, Poll};
+use tower_once_core::carrier::Carrier;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
@@ -53,7 +54,7 @@ impl<S: std::fmt::Debug, C, H> std::fmt::Debug for Retry<S, C, H> {
 impl<S, Req, C, H> Service<Req> for Retry<S, C, H>
 where
     S: Service<Req> + Clone,
-    Req: Clone,
+    Req: Clone + Carrier,
     C: Classify<S::Response, S::Error>,
     H: OnRetry<S::Response, S::Error>,
 {
@@ -68,16 +69,19 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let nested = is_nested();
+        // NOTE: the request may carry an outer retry's mark and deadline (it crossed a task);
+        // the scope has them when this call runs inside an outer attempt.
+        let nested = is_marked(&req);
         if nested {
             tracing::trace!("nested RetryLayer: one attempt, the outer one retries");
         }
         let service = self.inner.clone();
+        let outer = Deadline::of(&req);
         ResponseFuture::new(Operation::start(
             service,
             req,
             self.config.local(),
-            Deadline::current(),
+            outer,
             nested,
         ))
     }

@@ -170,27 +170,37 @@ where
 }
 
 /// `DEADLINE_EXCEEDED` when time ran out (the operation's deadline, or a timeout below: ours, or
-/// the one a `Channel` applies from the `grpc-timeout` it sends),
-/// otherwise what tonic makes of the last attempt's error.
+/// the one a `Channel` applies from the `grpc-timeout` it sends), `UNAVAILABLE` when the server
+/// was still running the operation, otherwise what tonic makes of the last attempt's error.
+/// The message says what happened; the idempotency key, when there is one, is in the status's
+/// `idempotency-key` metadata.
 fn to_status<E: Into<BoxError>>(error: RetryError<E>) -> tonic::Status {
-    let attempts = error.attempts();
-    match error.into_inner() {
-        Err(_) => {
-            let s = if attempts == 1 { "" } else { "s" };
-            tonic::Status::deadline_exceeded(format!(
-                "the deadline passed during attempt {attempts} ({attempts} attempt{s})"
-            ))
-        }
-        Ok(inner) => {
+    let key = error
+        .idempotency_key()
+        .and_then(|k| tonic::metadata::MetadataValue::try_from(k).ok());
+    let outline = error.outline().to_string();
+    let mut status = match (
+        error.is_deadline(),
+        error.is_in_progress(),
+        error.into_inner(),
+    ) {
+        (true, _, Err(_)) => tonic::Status::deadline_exceeded(outline),
+        (false, _, Err(_)) => tonic::Status::unavailable(outline),
+        (_, _, Ok(inner)) => {
             let inner: BoxError = inner.into();
             if timed_out(&*inner) {
-                let s = if attempts == 1 { "" } else { "s" };
-                tonic::Status::deadline_exceeded(format!("{inner} ({attempts} attempt{s})"))
+                tonic::Status::deadline_exceeded(format!(
+                    "{outline}: the last attempt timed out, so the call may still complete: {inner}"
+                ))
             } else {
-                tonic::Status::from_error(inner)
+                return tonic::Status::from_error(inner);
             }
         }
+    };
+    if let Some(key) = key {
+        status.metadata_mut().insert("idempotency-key", key);
     }
+    status
 }
 
 fn timed_out(error: &(dyn StdError + 'static)) -> bool {

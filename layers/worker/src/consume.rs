@@ -142,7 +142,9 @@ where
             }
             JobOutcome::Acked
         }
-        Action::Retry { after } => {
+        // NOTE: "in progress" is a handler's dependency still running the same work: wait for
+        // it as for a transient failure, never dead-letter it.
+        Action::Retry { after } | Action::InProgress { after } => {
             metrics::failed();
             if let Err(e) = &result {
                 tracing::info!(error = %e, "transient failure; left pending for redelivery");
@@ -154,7 +156,7 @@ where
             }
             JobOutcome::LeftPending
         }
-        Action::Stop => {
+        _ => {
             metrics::failed();
             let error = match &result {
                 Err(e) => error_text(e),

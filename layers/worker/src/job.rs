@@ -4,7 +4,7 @@ use crate::error::WorkerError;
 use bytes::Bytes;
 use std::fmt;
 use tower_once_idempotency::store::StoreKey;
-use tower_once_timeout::Deadline;
+use tower_once_timeout::{Carrier, Deadline};
 
 /// The namespace of [`JobId::from_scoped_key`]'s version 5 UUIDs. Fixed forever: changing it
 /// would give every retried request a new job id.
@@ -89,7 +89,10 @@ impl fmt::Debug for JobId {
 
 /// One delivery of a stream entry, as the handler service receives it.
 ///
-/// Cloning is cheap (the payload is [`Bytes`]), so a `RetryLayer` can wrap the handler.
+/// Cloning is cheap (the payload is [`Bytes`]), so a `RetryLayer` can wrap the handler. A job
+/// carries its delivery's [`Deadline`] (and a retry attempt's mark) in its
+/// [`extensions`](Self::extensions): it is a [`Carrier`], so the layers of a handler see the
+/// deadline even behind a `Buffer` or on another task.
 ///
 /// ```
 /// use tower_once_worker::{Job, JobId};
@@ -105,7 +108,17 @@ pub struct Job {
     job_id: JobId,
     payload: Bytes,
     deliveries: u64,
-    deadline: Option<Deadline>,
+    extensions: http::Extensions,
+}
+
+impl Carrier for Job {
+    fn extensions(&self) -> Option<&http::Extensions> {
+        Some(&self.extensions)
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        Some(&mut self.extensions)
+    }
 }
 
 impl Job {
@@ -121,21 +134,32 @@ impl Job {
             job_id,
             payload: payload.into(),
             deliveries,
-            deadline: None,
+            extensions: http::Extensions::new(),
         }
     }
 
-    /// Sets the delivery's deadline (the worker sets it from `job_deadline`).
+    /// Sets the delivery's deadline (the worker sets it from `job_deadline`); an earlier one
+    /// the job carries already stays.
     pub fn with_deadline(mut self, deadline: Deadline) -> Self {
-        self.deadline = Some(deadline);
+        deadline.attach(&mut self);
         self
     }
 
-    /// The delivery's deadline. It travels with the job so layers that call their inner
-    /// service later, or on another task, can put it back in scope
-    /// ([`Deadline::scope`]); the worker also calls and polls the handler inside its scope.
+    /// The delivery's deadline. It travels with the job, so the timeout and retry layers read
+    /// it when they are called later or on another task; the worker also calls and polls the
+    /// handler inside its scope.
     pub fn deadline(&self) -> Option<Deadline> {
-        self.deadline
+        Deadline::carried(self)
+    }
+
+    /// What travels with the job: its deadline, and whatever layers put there.
+    pub fn extensions(&self) -> &http::Extensions {
+        &self.extensions
+    }
+
+    /// What travels with the job, mutably.
+    pub fn extensions_mut(&mut self) -> &mut http::Extensions {
+        &mut self.extensions
     }
 
     /// The entry's id in the stream (`<ms>-<seq>`).

@@ -85,3 +85,50 @@ async fn the_delivery_deadline_reaches_a_handler_called_after_the_claim() {
         .unwrap();
     assert_eq!(outcome.into_response(), Some(Some(deadline)));
 }
+
+/// A job carries its delivery's deadline and a retry attempt's mark (it is a `Carrier`): a
+/// handler stack behind a `Buffer`, called from another task, ends at the deadline, and an inner
+/// retry layer defers to the outer one instead of multiplying attempts.
+#[tokio::test(start_paused = true)]
+async fn a_jobs_deadline_and_attempt_mark_cross_a_buffer_and_a_task() {
+    use tower_once_retry::RetryLayer;
+    use tower_once_timeout::TimeoutLayer;
+
+    // The deadline: a hanging handler behind a Buffer, on another task, ends at it.
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let hanging = tower::service_fn(move |_job: Job| {
+        counter.fetch_add(1, SeqCst);
+        std::future::pending::<Result<(), JobError>>()
+    });
+    let stack = RetryLayer::new()
+        .no_budget()
+        .layer(TimeoutLayer::new(Duration::from_secs(30)).layer(hanging));
+    let buffered = tower::buffer::Buffer::new(stack, 4);
+    let started = tokio::time::Instant::now();
+    let delivery = job("deadline-1").with_deadline(Deadline::after(Duration::from_secs(2)));
+    let outcome = tokio::spawn(buffered.oneshot(delivery)).await.unwrap();
+    assert!(outcome.is_err());
+    assert_eq!(calls.load(SeqCst), 1, "no retry after the deadline");
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+
+    // The mark: an inner retry on another task makes one attempt per outer attempt.
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let failing = tower::service_fn(move |_job: Job| {
+        counter.fetch_add(1, SeqCst);
+        async { Err::<(), _>(JobError::transient("busy")) }
+    });
+    let inner = RetryLayer::new().no_budget().layer(failing);
+    let spawning = tower::service_fn(move |job: Job| {
+        let inner = inner.clone();
+        async move { tokio::spawn(inner.oneshot(job)).await.unwrap() }
+    });
+    let outer = RetryLayer::new()
+        .no_budget()
+        .max_attempts(3)
+        .layer(spawning);
+    let err = outer.oneshot(job("nested-1")).await.unwrap_err();
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(calls.load(SeqCst), 3, "3 attempts, not 3 x 4");
+}

@@ -113,6 +113,7 @@ impl Sends {
                 payload: Bytes::from(payload),
                 attempt: attempts + 1,
                 created_at: time_from_millis(created_ms),
+                extensions: http::Extensions::new(),
             };
             let task_shared = Arc::clone(shared);
             let sender = sender.clone();

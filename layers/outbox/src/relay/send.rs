@@ -54,6 +54,9 @@ where
             tracing::warn!("the lease ran short before the send could start; released");
             return Verdict::Unsent;
         }
+        // The deadline travels with the message too, for a sender that hands it to a task.
+        let mut message = message;
+        deadline.attach(&mut message);
         let call = deadline.in_scope(async {
             std::future::poll_fn(|cx| sender.poll_ready(cx)).await?;
             sender.call(message).await
@@ -61,11 +64,12 @@ where
         match tokio::time::timeout_at(deadline.instant(), call).await {
             Ok(result) => match shared.classifier.classify(&result) {
                 Action::Success => Verdict::Sent,
-                Action::Retry { after } => Verdict::Retry {
+                // A provider still running the same key's request: ask again later.
+                Action::Retry { after } | Action::InProgress { after } => Verdict::Retry {
                     after,
                     error: error_text(&result),
                 },
-                Action::Stop => Verdict::Park {
+                _ => Verdict::Park {
                     error: error_text(&result),
                 },
             },

@@ -8,13 +8,13 @@ use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
 use crate::operation::Operation;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tower_once_core::body::{Collected, Collector};
 use tower_once_timeout::Deadline;
 use tower_service::Service;
@@ -43,6 +43,9 @@ pin_project! {
         #[pin]
         cutoff: Option<Sleep>,
         pending: Option<Pending<S, C, H>>,
+        // For the error: the key every attempt carried, and when the operation was called.
+        key: Option<HeaderValue>,
+        started: Instant,
     }
 }
 
@@ -61,7 +64,7 @@ where
     B: Body,
     S: Service<Request<ReplayBody<B>>>,
 {
-    pub(super) fn once(future: S::Future, deadline: Deadline) -> Self {
+    pub(super) fn once(future: S::Future, deadline: Deadline, started: Started) -> Self {
         Self {
             state: HttpState::Once {
                 future,
@@ -69,10 +72,12 @@ where
             },
             cutoff: None,
             pending: None,
+            key: started.key,
+            started: started.at,
         }
     }
 
-    pub(super) fn buffering(body: B, pending: Pending<S, C, H>) -> Self {
+    pub(super) fn buffering(body: B, pending: Pending<S, C, H>, started: Started) -> Self {
         Self {
             state: HttpState::Buffering {
                 body: Some(Box::pin(body)),
@@ -80,14 +85,39 @@ where
             },
             cutoff: None,
             pending: Some(pending),
+            key: started.key,
+            started: started.at,
         }
     }
 
-    pub(super) fn retrying(core: Core<S, B, C, H>) -> Self {
+    pub(super) fn retrying(core: Core<S, B, C, H>, started: Started) -> Self {
         Self {
             state: HttpState::Retrying { core },
             cutoff: None,
             pending: None,
+            key: started.key,
+            started: started.at,
+        }
+    }
+}
+
+/// What the error of an operation needs from its start: the key its attempts carry and the
+/// clock when it was called.
+pub(super) struct Started {
+    pub(super) key: Option<HeaderValue>,
+    pub(super) at: Instant,
+}
+
+impl<S, B, C, H> ResponseFuture<S, B, C, H>
+where
+    B: Body,
+    S: Service<Request<ReplayBody<B>>>,
+{
+    /// The operation's error, with the key its attempts carried.
+    fn error<E>(key: &Option<HeaderValue>, error: RetryError<E>) -> RetryError<E> {
+        match key.as_ref().and_then(|k| k.to_str().ok()) {
+            Some(key) => error.with_idempotency_key(key),
+            None => error,
         }
     }
 }
@@ -105,15 +135,27 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                HttpStateProj::Retrying { core } => return core.poll(cx),
-                HttpStateProj::Once { future, cutoff } => {
+                HttpStateProj::Retrying { core } => {
+                    let result = ready!(core.poll(cx));
+                    return Poll::Ready(result.map_err(|e| Self::error(this.key, e)));
+                }
+                HttpStateProj::Once { future, mut cutoff } => {
+                    let elapsed = || this.started.elapsed();
                     if let Poll::Ready(outcome) = future.poll(cx) {
-                        return Poll::Ready(
-                            outcome.map_err(|e| RetryError::new(GiveUp::NotRetryable, 1, e)),
-                        );
+                        return Poll::Ready(outcome.map_err(|e| {
+                            let error = RetryError::new(GiveUp::NotRetryable, 1, e);
+                            Self::error(this.key, error.with_elapsed(elapsed()))
+                        }));
+                    }
+                    // The deadline in scope while the caller polls bounds this attempt too.
+                    if let Some(current) = Deadline::current() {
+                        if current.instant() < cutoff.deadline() {
+                            cutoff.as_mut().reset(current.instant());
+                        }
                     }
                     ready!(cutoff.poll(cx));
-                    return Poll::Ready(Err(RetryError::deadline(1)));
+                    let error = RetryError::deadline(1).with_elapsed(elapsed());
+                    return Poll::Ready(Err(Self::error(this.key, error)));
                 }
                 HttpStateProj::Buffering { body, collected } => {
                     let (Some(stream), Some(pending)) = (body.as_mut(), this.pending.as_ref())
@@ -135,7 +177,8 @@ where
                         }
                         *this.pending = None;
                         body.take();
-                        return Poll::Ready(Err(RetryError::deadline(0)));
+                        let error = RetryError::deadline(0).with_elapsed(this.started.elapsed());
+                        return Poll::Ready(Err(Self::error(this.key, error)));
                     };
                     let Some(Pending {
                         service,

@@ -1,13 +1,12 @@
 //! A request that can be sent again, and the service that rebuilds it for each attempt.
 
-use crate::attempt::InAttempt;
 use bytes::Bytes;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 use http_body::Body;
 use std::marker::PhantomData;
 use std::task::{Context, Poll};
 use tower_once_core::body::BufferedBody;
-use tower_once_timeout::Deadline;
+use tower_once_core::carrier::Carrier;
 use tower_service::Service;
 
 /// A request in a form that can be sent again: its parts and its whole body.
@@ -19,6 +18,16 @@ pub struct ReplayRequest {
     pub(super) headers: HeaderMap,
     pub(super) extensions: Extensions,
     pub(super) body: Bytes,
+}
+
+impl Carrier for ReplayRequest {
+    fn extensions(&self) -> Option<&Extensions> {
+        Some(&self.extensions)
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut Extensions> {
+        Some(&mut self.extensions)
+    }
 }
 
 impl ReplayRequest {
@@ -33,8 +42,8 @@ impl ReplayRequest {
     }
 }
 
-/// Turns each attempt's [`ReplayRequest`] back into an `http::Request`, with the attempt's
-/// deadline in its extensions.
+/// Turns each attempt's [`ReplayRequest`] back into an `http::Request`; its extensions carry
+/// the attempt's mark and deadline.
 pub struct Rebuild<S, B> {
     inner: S,
     _body: PhantomData<fn(B)>,
@@ -77,11 +86,7 @@ where
     }
 
     fn call(&mut self, mut replay: ReplayRequest) -> S::Future {
-        // NOTE: runs inside the attempt's scope, so `current` is the operation's deadline.
-        if let Some(deadline) = Deadline::current() {
-            replay.extensions.insert(deadline);
-        }
-        replay.extensions.insert(InAttempt);
+        // The attempt's mark and deadline are in `replay.extensions` already (see `mark`).
         let body = ReplayBody::full(std::mem::take(&mut replay.body));
         self.inner.call(replay.into_request(body))
     }

@@ -1,8 +1,8 @@
 //! The middleware: which requests are retried, and how an operation starts.
 
-use super::future::{Pending, ResponseFuture};
+use super::future::{Pending, ResponseFuture, Started};
 use super::replay::{Rebuild, ReplayBody, ReplayRequest};
-use crate::attempt::{call_once, is_nested, InAttempt};
+use crate::attempt::{call_once, is_marked};
 use crate::classify::{Classify, HttpClassifier, HttpDefault};
 use crate::config::Config;
 use crate::error::{GiveUp, RetryError};
@@ -73,14 +73,20 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let deadline = operation_deadline(self.config.get(), &req);
-        if is_nested() || req.extensions().get::<InAttempt>().is_some() {
+        let now = tokio::time::Instant::now();
+        let deadline = operation_deadline(self.config.get(), &req, now);
+        let started = |req: &Request<_>| Started {
+            key: req.headers().get(IDEMPOTENCY_KEY).cloned(),
+            at: now,
+        };
+        if is_marked(&req) {
             // One attempt, still bound by this layer's own deadline when it is the shorter.
             tracing::trace!("nested RetryLayer: one attempt, the outer one retries");
             let clone = self.inner.clone();
             let service = std::mem::replace(&mut self.inner, clone);
+            let started = started(&req);
             let req = req.map(ReplayBody::streaming);
-            return ResponseFuture::once(call_once(service, req, deadline), deadline);
+            return ResponseFuture::once(call_once(service, req, deadline), deadline, started);
         }
         let stampable = matches!(*req.method(), Method::POST | Method::PATCH);
         if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
@@ -91,6 +97,7 @@ where
         }
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
+        let started = started(&req);
         if !is_safe(&req) {
             tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
             let stats = &self.config.get().settings.stats;
@@ -99,6 +106,7 @@ where
             return ResponseFuture::once(
                 call_once(service, req.map(ReplayBody::streaming), deadline),
                 deadline,
+                started,
             );
         }
         let (parts, body) = req.into_parts();
@@ -112,13 +120,16 @@ where
         };
         let config = self.config.local();
         if body.is_end_stream() {
-            return ResponseFuture::retrying(crate::ResponseFuture::new(Operation::start(
-                Rebuild::new(service),
-                template,
-                config,
-                Some(deadline),
-                false,
-            )));
+            return ResponseFuture::retrying(
+                crate::ResponseFuture::new(Operation::start(
+                    Rebuild::new(service),
+                    template,
+                    config,
+                    Some(deadline),
+                    false,
+                )),
+                started,
+            );
         }
         ResponseFuture::buffering(
             body,
@@ -129,17 +140,19 @@ where
                 limit: self.body_limit,
                 deadline,
             },
+            started,
         )
     }
 }
 
 /// The operation's deadline: this layer's own, or an earlier one the request already carries
 /// (in its extensions, from an outer layer across a `Buffer`, or in the call scope).
-fn operation_deadline<C, H, B>(config: &Config<C, H>, req: &Request<B>) -> Deadline {
-    let own = Deadline::at(saturating_add(
-        tokio::time::Instant::now(),
-        config.settings.deadline,
-    ));
+fn operation_deadline<C, H, B>(
+    config: &Config<C, H>,
+    req: &Request<B>,
+    now: tokio::time::Instant,
+) -> Deadline {
+    let own = Deadline::at(saturating_add(now, config.settings.deadline));
     match Deadline::of(req) {
         Some(outer) if outer < own => outer,
         _ => own,

@@ -1,0 +1,206 @@
+//! One deadline over all attempts, wherever the layers sit (crate docs, "What crosses a
+//! `Buffer` or a spawned task"; README, "Retries that cannot become a storm"): no attempt and no
+//! backoff once the enclosing deadline has passed, a deadline expiry is never retried, and the
+//! deadline and the attempt mark reach retry and timeout layers behind a `tower::buffer::Buffer`
+//! or on another task. Paused time; every test counts the calls that reached the upstream.
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::buffer::Buffer;
+use tower::{Layer, Service, ServiceExt};
+use tower_once_retry::backoff::{Backoff, Jitter};
+use tower_once_retry::{RetryError, RetryLayer};
+use tower_once_timeout::{Deadline, TimeoutLayer};
+
+/// An upstream that hangs on every call, counting them.
+fn hanging<Req>(
+    calls: Arc<AtomicUsize>,
+) -> impl Service<Req, Response = (), Error = Infallible, Future: Send> + Clone + Send + 'static {
+    tower::service_fn(move |_req: Req| {
+        calls.fetch_add(1, SeqCst);
+        std::future::pending::<Result<(), Infallible>>()
+    })
+}
+
+/// An upstream that fails at once on every call, counting them.
+fn failing<Req>(
+    calls: Arc<AtomicUsize>,
+) -> impl Service<Req, Response = (), Error = std::io::Error, Future: Send> + Clone + Send + 'static
+{
+    tower::service_fn(move |_req: Req| {
+        calls.fetch_add(1, SeqCst);
+        async { Err::<(), _>(std::io::Error::other("reset")) }
+    })
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The retry error inside a `Buffer`'s boxed error.
+fn retry_error(error: &BoxError) -> &RetryError<std::io::Error> {
+    error
+        .downcast_ref::<RetryError<std::io::Error>>()
+        .unwrap_or_else(|| panic!("not a retry error: {error}"))
+}
+
+/// Was broken: behind a `Buffer`, `Deadline::in_scope` reached the inner `TimeoutLayer` (which
+/// then failed every attempt at once) but not the inner `RetryLayer`, which counted those as
+/// attempts and slept its backoff between them: 4 calls and 2.78 s for a 1 s deadline.
+#[tokio::test(start_paused = true)]
+async fn an_in_scope_deadline_bounds_a_retry_behind_a_buffer() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stack = RetryLayer::new()
+        .no_budget()
+        .layer(TimeoutLayer::new(Duration::from_secs(2)).layer(hanging::<String>(calls.clone())));
+    let mut buffered = Buffer::new(stack, 8);
+    let started = Instant::now();
+    let deadline = Deadline::after(Duration::from_secs(1));
+    let call = buffered.ready().await.unwrap().call("summarise".to_owned());
+    let err = deadline.in_scope(call).await.unwrap_err();
+    assert_eq!(
+        calls.load(SeqCst),
+        1,
+        "no attempt after the deadline: {err}"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(1),
+        "no backoff past it"
+    );
+}
+
+/// A deadline that passes while the layer waits before a retry ends the operation then, not
+/// after the wait.
+#[tokio::test(start_paused = true)]
+async fn no_backoff_continues_past_an_enclosing_deadline() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = RetryLayer::new()
+        .no_budget()
+        .backoff(
+            Backoff::new(Duration::from_millis(400), 1.0, Duration::from_millis(400))
+                .unwrap()
+                .jitter(Jitter::None),
+        )
+        .layer(failing::<u32>(calls.clone()));
+    let mut buffered = Buffer::new(svc, 8);
+    let started = Instant::now();
+    let call = buffered.ready().await.unwrap().call(1);
+    // The deadline is tighter than the first wait: the layer gives up at once.
+    let err = Deadline::after(Duration::from_millis(300))
+        .in_scope(call)
+        .await
+        .unwrap_err();
+    assert!(retry_error(&err).is_deadline(), "{err}");
+    assert_eq!(calls.load(SeqCst), 1);
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A failure at the deadline (an inner timeout cut short by it) is not retried, and the error
+/// says why, how many attempts and how long.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_expiry_is_never_retried() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = RetryLayer::new()
+        .no_budget()
+        .deadline(Duration::from_secs(1))
+        .layer(TimeoutLayer::new(Duration::from_secs(5)).layer(hanging::<u32>(calls.clone())));
+    let err = svc.oneshot(1).await.unwrap_err();
+    assert!(err.is_deadline(), "{err}");
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(err.elapsed(), Duration::from_secs(1));
+    let text = err.to_string();
+    assert!(
+        text.contains("1 attempt") && text.contains("1.0 s"),
+        "{text}"
+    );
+}
+
+/// A deadline that has passed before the call makes no attempt at all.
+#[tokio::test(start_paused = true)]
+async fn a_passed_deadline_makes_no_attempt() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RetryLayer::new().layer(failing::<u32>(calls.clone()));
+    let deadline = Deadline::after(Duration::from_millis(10));
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let svc = svc.ready().await.unwrap();
+    let err = deadline.scope(|| svc.call(1)).await.unwrap_err();
+    assert!(err.is_deadline() && err.attempts() == 0, "{err}");
+    assert!(!err.may_have_executed());
+    assert_eq!(calls.load(SeqCst), 0);
+}
+
+/// Was a documented limit: a generic request behind a `Buffer` carried no mark, so nested
+/// layers multiplied (outer 4 x inner 4). The inner layer's future is polled by the outer
+/// attempt (a `Buffer` hands the future back to its caller), which marks it nested.
+#[tokio::test(start_paused = true)]
+async fn a_nested_generic_retry_behind_a_buffer_defers() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = RetryLayer::new()
+        .no_budget()
+        .layer(failing::<u32>(calls.clone()));
+    let outer = RetryLayer::new()
+        .no_budget()
+        .max_attempts(3)
+        .layer(Buffer::new(inner, 16));
+    let err = outer.oneshot(7).await.unwrap_err();
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(calls.load(SeqCst), 3, "3 attempts, not 3 x 4");
+}
+
+fn get(deadline: Option<Deadline>) -> Request<Full<Bytes>> {
+    let mut req = Request::get("/report")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    if let Some(deadline) = deadline {
+        deadline.attach(&mut req);
+    }
+    req
+}
+
+/// A deadline on an `http::Request` travels with it through a `Buffer` and a spawned task: the
+/// timeout and retry layers there end the operation at it.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_on_an_http_request_crosses_a_buffer_and_a_task() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stack = RetryLayer::new().no_budget().layer(
+        TimeoutLayer::new(Duration::from_secs(5))
+            .layer(hanging::<Request<Full<Bytes>>>(calls.clone())),
+    );
+    let buffered = Buffer::new(stack, 8);
+    let started = Instant::now();
+    let req = get(Some(Deadline::after(Duration::from_secs(1))));
+    let err = tokio::spawn(buffered.oneshot(req))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(calls.load(SeqCst), 1, "{err}");
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
+
+/// A `tonic::Request` carries its deadline through a `Buffer` and a task to a `TimeoutLayer`.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_on_a_tonic_request_crosses_a_buffer_and_a_task() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stack = TimeoutLayer::new(Duration::from_secs(5))
+        .layer(hanging::<tonic::Request<String>>(calls.clone()));
+    let buffered = Buffer::new(stack, 8);
+    let mut req = tonic::Request::new("ping".to_owned());
+    Deadline::after(Duration::from_secs(1)).attach(&mut req);
+    let started = Instant::now();
+    let err = tokio::spawn(buffered.oneshot(req))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(calls.load(SeqCst), 1, "{err}");
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
