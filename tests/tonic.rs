@@ -58,7 +58,8 @@ impl Decoder for RawCodec {
 }
 
 /// `demo.Charges/Create`: the message says what to do. `unavailable-once` fails with
-/// UNAVAILABLE on its first run; `invalid` is INVALID_ARGUMENT; `slow` takes 300 ms; anything
+/// UNAVAILABLE on its first run; `invalid` is INVALID_ARGUMENT; `slow` takes 300 ms, `slower`
+/// 1.5 s; anything
 /// else is charged. Records each run and the `grpc-timeout` it was sent with.
 #[derive(Clone, Default)]
 struct Charges {
@@ -116,6 +117,10 @@ impl Service<http::Request<Body>> for Charges {
                         b"invalid" => Err(Status::invalid_argument("amount must be positive")),
                         b"slow" => {
                             tokio::time::sleep(Duration::from_millis(300)).await;
+                            Ok(tonic::Response::new(Bytes::from(format!("charge #{run}"))))
+                        }
+                        b"slower" => {
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
                             Ok(tonic::Response::new(Bytes::from(format!("charge #{run}"))))
                         }
                         _ => Ok(tonic::Response::new(Bytes::from(format!("charge #{run}")))),
@@ -346,4 +351,42 @@ async fn a_call_cut_by_the_timeout_reaches_the_caller_as_deadline_exceeded() {
     .await;
     let err = create(&client, b"slow", Some("order-9")).await.unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    // Was "transport error (1 attempt)": the message says what happened.
+    let message = err.message();
+    assert!(
+        message.contains("attempt") && message.contains("may still complete"),
+        "{message}"
+    );
+}
+
+/// Was broken: a call still running on the server when the client's deadline came ended in
+/// the server's `UNAVAILABLE "Request in progress"`. It is `DEADLINE_EXCEEDED`, saying the
+/// call may still complete, with the key in the metadata; the key fetches the reply later.
+#[tokio::test]
+async fn a_call_still_running_at_the_deadline_is_deadline_exceeded_with_its_key() {
+    let charges = Charges::default();
+    let url = server(charges.clone()).await;
+    let identity = tower::layer::util::Identity::new();
+    let client = timed_client(
+        url,
+        identity,
+        Duration::from_millis(1200),
+        Duration::from_millis(300),
+    )
+    .await;
+    let err = create(&client, b"slower", Some("order-10"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert!(err.message().contains("may still complete"), "{err:?}");
+    assert_eq!(
+        err.metadata()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok()),
+        Some("order-10")
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reply = create(&client, b"slower", Some("order-10")).await.unwrap();
+    assert_eq!(reply, "charge #0");
+    assert_eq!(charges.runs.load(SeqCst), 1, "the handler ran once");
 }

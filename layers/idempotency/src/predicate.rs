@@ -9,6 +9,9 @@
 //! | 5xx                                        | release          |
 //! | inner service error                        | release (always) |
 //!
+//! So the default stores every response but 5xx and 400, 408, 413, 415, 422, 425, 429
+//! ([`RELEASED_CLIENT_ERRORS`]).
+//!
 //! gRPC answers HTTP `200` and puts its status in `grpc-status`, in the headers of a
 //! trailers-only response or in the trailers. The default reads it in both places and maps it the
 //! same way: final codes are stored (`OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
@@ -80,17 +83,35 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultPredicate;
 
+/// The client errors that [`DefaultPredicate`] releases instead of storing: the validation
+/// rejections (400, 413, 415, 422) and "not now" (408, 425, 429). It stores every other 4xx,
+/// every 2xx and 3xx, and releases every 5xx. The one list the docs quote.
+///
+/// ```
+/// use tower_once_idempotency::predicate::{DefaultPredicate, StorePredicate, RELEASED_CLIENT_ERRORS};
+///
+/// for code in 100..600u16 {
+///     let mut res = http::Response::new(());
+///     *res.status_mut() = http::StatusCode::from_u16(code).unwrap();
+///     let status = res.status();
+///     let released = status.is_server_error() || RELEASED_CLIENT_ERRORS.contains(&status);
+///     assert_eq!(DefaultPredicate.should_store(&res.into_parts().0), !released, "{code}");
+/// }
+/// ```
+pub const RELEASED_CLIENT_ERRORS: [StatusCode; 7] = [
+    StatusCode::BAD_REQUEST,
+    StatusCode::REQUEST_TIMEOUT,
+    StatusCode::PAYLOAD_TOO_LARGE,
+    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    StatusCode::UNPROCESSABLE_ENTITY,
+    StatusCode::TOO_EARLY,
+    StatusCode::TOO_MANY_REQUESTS,
+];
+
 impl StorePredicate for DefaultPredicate {
     fn should_store(&self, parts: &Parts) -> bool {
         let status = parts.status;
-        let http_final = !(status.is_server_error()
-            || status == StatusCode::BAD_REQUEST
-            || status == StatusCode::PAYLOAD_TOO_LARGE
-            || status == StatusCode::UNSUPPORTED_MEDIA_TYPE
-            || status == StatusCode::UNPROCESSABLE_ENTITY
-            || status == StatusCode::REQUEST_TIMEOUT
-            || status.as_u16() == 425
-            || status == StatusCode::TOO_MANY_REQUESTS);
+        let http_final = !(status.is_server_error() || RELEASED_CLIENT_ERRORS.contains(&status));
         http_final && self.should_store_trailers(&parts.headers)
     }
 
@@ -118,6 +139,25 @@ impl StorePredicate for DefaultPredicate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The docs quote [`RELEASED_CLIENT_ERRORS`] as it is.
+    #[test]
+    fn every_doc_quotes_the_released_statuses_as_the_code_has_them() {
+        let list = RELEASED_CLIENT_ERRORS
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        assert_eq!(list, "400, 408, 413, 415, 422, 425, 429");
+        for (name, text) in [
+            ("lib.rs", include_str!("lib.rs")),
+            ("layer.rs", include_str!("layer.rs")),
+            ("predicate.rs", include_str!("predicate.rs")),
+            ("README.md", include_str!("../../../README.md")),
+        ] {
+            assert!(text.contains(&list), "{name} does not quote {list}");
+        }
+    }
 
     #[test]
     fn grpc_codes_in_headers_and_trailers() {

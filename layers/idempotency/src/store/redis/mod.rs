@@ -1,5 +1,5 @@
-//! The Redis store (feature `redis`): one set of keys for many replicas, on Redis, Redis Cluster
-//! or Valkey.
+//! The Redis store (feature `redis`): one set of keys for many replicas, on Redis or Redis
+//! Cluster (7.0 or newer). It uses only commands Valkey shares, but is not tested on Valkey.
 //!
 //! ```no_run
 //! use tower_once_idempotency::store::redis::RedisStore;
@@ -28,8 +28,7 @@
 //! complete; plus one renewal per third of the lease for slow handlers), replay 1, conflict 1,
 //! mismatch 1. Because each script names its one key, the same scripts run unchanged on Redis
 //! Cluster (the cluster client routes by key slot; tested on a local three-master cluster) and
-//! use only commands Valkey shares with Redis 7 (Valkey itself is not in this project's test
-//! matrix yet).
+//! use only commands Valkey shares with Redis 7 (Valkey itself is not tested).
 //!
 //! Each command is bounded by a timeout (default 1 s). A command that times out or fails turns
 //! into a [`StoreError`], and the layer answers `503` without running the handler. The default
@@ -76,7 +75,7 @@ pub use redis::cluster_async::ClusterConnection;
 /// A boxed store future: the `redis` client's own futures are boxed, so nothing is lost.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
-/// An [`IdempotencyStore`] on Redis, Redis Cluster or Valkey. See the [module docs](self).
+/// An [`IdempotencyStore`] on Redis or Redis Cluster. See the [module docs](self).
 ///
 /// `C` is the connection: [`ConnectionManager`] (one server, reconnecting) by default,
 /// [`ClusterConnection`] for a cluster, or any other cloneable `redis` async connection.
@@ -109,7 +108,7 @@ impl<C> fmt::Debug for RedisStore<C> {
 pub const DEFAULT_PREFIX: &str = "tower-once:idem:";
 
 impl RedisStore<ConnectionManager> {
-    /// Connects to one Redis (or Valkey) server, e.g. `redis://127.0.0.1:6379/0`.
+    /// Connects to one Redis server, e.g. `redis://127.0.0.1:6379/0`.
     ///
     /// The connection is made lazily and remade on its own after a failure, so this succeeds
     /// while Redis is still down (requests get `503` until it is up). Fails only on a malformed
