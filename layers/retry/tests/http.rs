@@ -216,3 +216,33 @@ async fn each_attempt_carries_the_operation_deadline() {
         );
     }
 }
+
+/// An unkeyed `POST` marked `SafeToRetry` (an LLM completion, whose provider ignores keys) is
+/// retried, and no key is sent, not even with stamping on.
+#[tokio::test(start_paused = true)]
+async fn a_post_marked_safe_to_retry_is_retried_without_a_key() {
+    use tower_once_retry::http::SafeToRetry;
+    let seen = Seen::default();
+    let svc = layer()
+        .stamp_idempotency_keys(true)
+        .layer(upstream(&[503, 200], seen.clone()));
+    let mut req = request(Method::POST, None, streamed(&[b"prompt"], false));
+    req.extensions_mut().insert(SafeToRetry);
+    let res = svc.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "retried");
+    assert!(seen
+        .iter()
+        .all(|(key, body, _)| key.is_none() && body.as_deref() == Ok(&b"prompt"[..])));
+
+    // Without the marker, the same unkeyed POST (no stamping) gets one attempt.
+    let once = Seen::default();
+    let svc = layer().layer(upstream(&[503, 200], once.clone()));
+    let res = svc
+        .oneshot(request(Method::POST, None, streamed(&[b"prompt"], false)))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(once.lock().unwrap().len(), 1);
+}

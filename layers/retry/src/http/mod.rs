@@ -8,8 +8,9 @@
 //! On top of the generic layer it:
 //!
 //! - **retries only safe requests**: idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`,
-//!   `DELETE`, `TRACE`) and requests carrying an `Idempotency-Key`. Other requests get one
-//!   attempt. With [`stamp_idempotency_keys`](HttpRetryLayer::stamp_idempotency_keys), an
+//!   `DELETE`, `TRACE`), requests carrying an `Idempotency-Key`, and requests marked
+//!   [`SafeToRetry`] (no key is sent to a provider that would ignore it). Other requests get
+//!   one attempt. With [`stamp_idempotency_keys`](HttpRetryLayer::stamp_idempotency_keys), an
 //!   unkeyed `POST` or `PATCH` gets a fresh UUID key, the same on every attempt, and becomes
 //!   retryable — the server's idempotency layer then runs it once;
 //! - **buffers the body for replay**, up to [`body_limit`](HttpRetryLayer::body_limit)
@@ -42,4 +43,4 @@ mod service;
 pub use self::future::ResponseFuture;
 pub use self::layer::{HttpRetryLayer, IDEMPOTENCY_KEY};
 pub use self::replay::{Rebuild, ReplayBody, ReplayRequest};
-pub use self::service::HttpRetry;
+pub use self::service::{HttpRetry, SafeToRetry};

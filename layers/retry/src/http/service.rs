@@ -53,7 +53,22 @@ fn is_safe<B>(req: &Request<B>) -> bool {
         *req.method(),
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
     ) || req.headers().contains_key(IDEMPOTENCY_KEY)
+        || req.extensions().get::<SafeToRetry>().is_some()
 }
+
+/// A request extension that says "this request may be sent more than once": its effect is
+/// idempotent, or it has none (an LLM completion, a search). The HTTP retry layer then retries a
+/// `POST` or `PATCH` without an `Idempotency-Key` (and sends none), for providers that ignore
+/// the header.
+///
+/// ```
+/// use tower_once_retry::http::SafeToRetry;
+///
+/// let mut completion = http::Request::post("https://llm.example/v1/messages").body(()).unwrap();
+/// completion.extensions_mut().insert(SafeToRetry);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SafeToRetry;
 
 impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
 where
@@ -88,7 +103,10 @@ where
             let req = req.map(ReplayBody::streaming);
             return ResponseFuture::once(call_once(service, req, deadline), deadline, started);
         }
-        let stampable = matches!(*req.method(), Method::POST | Method::PATCH);
+        // NOTE: a request marked safe to retry gets no key: it may go to a provider that
+        // ignores (or refuses) the header.
+        let stampable = matches!(*req.method(), Method::POST | Method::PATCH)
+            && req.extensions().get::<SafeToRetry>().is_none();
         if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
             let key = uuid::Uuid::new_v4().hyphenated().to_string();
             if let Ok(value) = HeaderValue::from_str(&key) {
