@@ -139,3 +139,94 @@ async fn a_bad_url_is_a_build_error_not_a_panic() {
     let err = client.get("not a url").send_with(svc).await.unwrap_err();
     assert!(err.is_build());
 }
+
+/// One cloneable client, requests built the reqwest way, `.json(..)` and `.send()`: a 503 is
+/// retried with one stamped key, and the 503 that remains is the answer.
+#[tokio::test]
+async fn the_client_sends_json_and_retries_a_503_with_one_key() {
+    use tower_once::retry::reqwest::Client;
+    let (base, keys, ledger) = demo_server().await;
+    let client = Client::builder(reqwest::Client::new())
+        .retry(
+            RetryLayer::new()
+                .backoff(
+                    tower_once::retry::backoff::Backoff::new(
+                        Duration::from_millis(5),
+                        2.0,
+                        Duration::from_millis(20),
+                    )
+                    .unwrap(),
+                )
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .attempt_timeout(Duration::from_secs(2))
+        .build();
+    let order = serde_json::json!({ "order_id": "A", "amount": 500 });
+    let response = client
+        .clone()
+        .post(format!("{base}/charges?fail=503"))
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503, "the last answer, after retrying");
+    let sent = keys.lock().unwrap().clone();
+    assert_eq!(sent.len(), 4, "4 attempts: {sent:?}");
+    assert!(
+        sent.iter().all(|k| *k == sent[0]),
+        "one key on every attempt"
+    );
+
+    let created = client
+        .post(format!("{base}/charges"))
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    assert_eq!(ledger.charges().await.unwrap().len(), 1);
+}
+
+/// The client's one error: a deadline that passes while the server still runs the charge is
+/// `is_deadline()`, `may_have_executed()`, with the stamped key and the attempts made; the key
+/// then fetches the stored answer.
+#[tokio::test]
+async fn the_clients_error_says_deadline_attempts_and_key() {
+    use tower_once::retry::reqwest::Client;
+    let (base, _keys, ledger) = demo_server().await;
+    let client = Client::builder(reqwest::Client::new())
+        .retry(
+            RetryLayer::new()
+                .deadline(Duration::from_millis(1200))
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .attempt_timeout(Duration::from_millis(300))
+        .build();
+    let order = serde_json::json!({ "order_id": "B", "amount": 900 });
+    let err = client
+        .post(format!("{base}/charges?delay_ms=2000"))
+        .json(&order)
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline() && err.is_timeout(), "{err}");
+    assert!(err.may_have_executed(), "{err}");
+    assert!(err.attempts() >= 2, "{err}");
+    let key = err.idempotency_key().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let replay = client
+        .post(format!("{base}/charges?delay_ms=2000"))
+        .idempotency_key(&key)
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(ledger.charges().await.unwrap().len(), 1);
+
+    let bad = client.get("not a url").send().await.unwrap_err();
+    assert!(bad.is_builder() && bad.reqwest().is_some() && bad.attempts() == 0);
+}
