@@ -18,7 +18,8 @@
 //! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
 //!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
 //! - [`outbox`] (feature `outbox`): a transactional outbox on Postgres (sqlx) whose relay sends
-//!   through a `tower::Service<OutboxMessage>` with the dedupe key as the idempotency key.
+//!   through a `tower::Service<OutboxMessage>` with the dedupe key as the idempotency key;
+//!   `outbox::http::HttpSender` is a ready-made one for HTTP providers.
 //!
 //! # Example
 //!
@@ -106,7 +107,7 @@
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`) |
-//! | `outbox`      | no      | [`outbox`]: the Postgres outbox and its relay (enables `retry`, `timeout`) |
+//! | `outbox`      | no      | [`outbox`]: the Postgres outbox, its relay and the HTTP sender `outbox::http` (enables `retry`, `timeout`) |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `reqwest`     | no      | `retry::reqwest`: a `reqwest::Client` as a tower service; `send_with` for requests built the reqwest way |
 //! | `tonic`       | no      | `retry::tonic`: adapters for tonic clients (a `Channel` below, `tonic::Status` errors above) |
