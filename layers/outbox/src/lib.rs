@@ -15,6 +15,7 @@
 //! use tower::ServiceBuilder;
 //! use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
 //!
+//! # mod tower_once { pub async fn shutdown_signal() {} }
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://127.0.0.1/app").await?;
@@ -33,7 +34,8 @@
 //!     Ok::<_, std::io::Error>(())
 //! });
 //! let relay = OutboxRelay::new(outbox, RelayConfig::new().lease(Duration::from_secs(30)), sender)?;
-//! relay.run(async { let _ = tokio::signal::ctrl_c().await; }).await;
+//! // SIGTERM or SIGINT (`shutdown_signal` is in the `tower-once` crate, feature `signal`).
+//! relay.run(tower_once::shutdown_signal()).await;
 //! # Ok(())
 //! # }
 //! ```
@@ -75,6 +77,7 @@
 //! have the table.
 //!
 //! ```no_run
+//! # mod tower_once { pub async fn shutdown_signal() {} }
 //! # #[cfg(feature = "http")]
 //! # async fn run(outbox: tower_once_outbox::Outbox) -> Result<(), Box<dyn std::error::Error>> {
 //! use http::header::{HeaderValue, CONTENT_TYPE};
@@ -91,7 +94,7 @@
 //!         .header(CONTENT_TYPE, HeaderValue::from_static("application/json")),
 //! );
 //! let relay = OutboxRelay::new(outbox, RelayConfig::new(), sender)?;
-//! relay.run(std::future::pending::<()>()).await;
+//! relay.run(tower_once::shutdown_signal()).await;
 //! # Ok(())
 //! # }
 //! ```

@@ -29,6 +29,7 @@
 //! use tower_once_retry::RetryLayer;
 //! use tower_once_timeout::http::HttpTimeoutLayer;
 //!
+//! # mod tower_once { pub async fn shutdown_signal() {} }
 //! # async fn run(outbox: Outbox) -> Result<(), Box<dyn std::error::Error>> {
 //! // In-process retries of blips (a keyed POST is safe to repeat), each attempt capped; the
 //! // relay's deadline bounds them all.
@@ -42,7 +43,7 @@
 //!         .header(CONTENT_TYPE, HeaderValue::from_static("application/json")),
 //! );
 //! let relay = OutboxRelay::new(outbox, RelayConfig::new(), sender)?;
-//! relay.run(std::future::pending::<()>()).await;
+//! relay.run(tower_once::shutdown_signal()).await; // SIGTERM or SIGINT (the `tower-once` crate)
 //! # Ok(())
 //! # }
 //! ```
