@@ -96,8 +96,9 @@ impl HttpSendError {
     }
 
     /// The sender's verdict: [`Action::Stop`] parks the row, [`Action::Retry`] schedules
-    /// another attempt (after the provider's delay when it gave one). Never
-    /// [`Action::Success`].
+    /// another attempt (after the provider's delay when it gave one). [`Action::Success`] only
+    /// when the sender's own classifier called a client error a success; the relay then counts
+    /// the message as sent.
     pub fn action(&self) -> Action {
         self.action
     }

@@ -9,7 +9,7 @@ use http::{HeaderMap, StatusCode};
 /// around the sender can read it.
 ///
 /// It is not an `http::Response`, on purpose: the sender has classified the answer already,
-/// so an HTTP classifier given to the relay as well would not compile instead of overruling it.
+/// and giving the relay an HTTP classifier as well fails to compile rather than overruling it.
 #[derive(Debug, Clone)]
 pub struct Delivered {
     status: StatusCode,
