@@ -11,6 +11,8 @@
 //! - `IdempotencyLayer` scopes every key by that extension: tenants can reuse key strings
 //!   freely and can never see each other's responses.
 //! - The layer's own errors use the API's `{"error":{"code","message"}}` format.
+//! - SIGTERM or SIGINT stops it gracefully (`tower_once::shutdown_signal`): requests in flight
+//!   finish, then it exits 0.
 
 use axum::extract::{Extension, Request};
 use axum::http::{request::Parts, StatusCode};
@@ -104,6 +106,8 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
 #[allow(dead_code)] // tests include this file for `app` and do not run `main`
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // SIGTERM or SIGINT; installed before the server says it listens.
+    let shutdown = tower_once::shutdown_signal();
     let mut redis = "redis://127.0.0.1:6379".to_owned();
     let mut addr = "127.0.0.1:3002".to_owned();
     let mut args = std::env::args().skip(1);
@@ -132,7 +136,10 @@ async fn main() -> std::process::ExitCode {
         }
     };
     println!("listening on {addr}, idempotency records in {redis}");
-    match axum::serve(listener, app(store)).await {
+    let served = axum::serve(listener, app(store))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("server error: {e}");

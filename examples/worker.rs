@@ -139,6 +139,8 @@ async fn main() -> Result<(), BoxError> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Installed now, before anything says the worker is up, so an early SIGTERM is not missed.
+    let signal = tower_once::shutdown_signal();
     let args = parse_args().map_err(|e| format!("{e}\nusage: worker --redis URL [--stream jobs] [--group workers] [--consumer NAME] [--claim-idle-ms 30000] [--max-deliveries 5] [--concurrency 16] [--shutdown-grace-ms 30000] [--run-once]"))?;
 
     let client = tower_once::worker::redis::Client::open(args.redis.as_str())?;
@@ -193,23 +195,11 @@ async fn main() -> Result<(), BoxError> {
         "worker starting"
     );
     let worker = Worker::connect(&args.redis, config, service)?;
-    let report = worker.run(shutdown_signal()).await;
+    let shutdown = async move {
+        signal.await;
+        tracing::info!("shutting down: finishing in-flight jobs");
+    };
+    let report = worker.run(shutdown).await;
     tracing::info!(?report, "worker stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shutting down: finishing in-flight jobs");
 }

@@ -18,7 +18,10 @@
 //! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
 //!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
 //! - [`outbox`] (feature `outbox`): a transactional outbox on Postgres (sqlx) whose relay sends
-//!   through a `tower::Service<OutboxMessage>` with the dedupe key as the idempotency key.
+//!   through a `tower::Service<OutboxMessage>` with the dedupe key as the idempotency key;
+//!   `outbox::http::HttpSender` is a ready-made one for HTTP providers.
+//! - [`shutdown_signal`] (feature `signal`): the future a server, worker or relay waits on to
+//!   stop gracefully: SIGTERM (what containers are stopped with) or SIGINT on unix.
 //!
 //! # Example
 //!
@@ -104,9 +107,10 @@
 //! | `axum`        | yes     | nothing of its own: records follow the path the client addressed behind axum's `Router::nest` in every build (axum's `OriginalUri`) |
 //! | `retry`       | yes     | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
+//! | `signal`      | yes     | [`shutdown_signal`]: SIGTERM or SIGINT (Ctrl-C off unix) as a shutdown future (tokio's `signal` feature) |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
-//! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`) |
-//! | `outbox`      | no      | [`outbox`]: the Postgres outbox and its relay (enables `retry`, `timeout`) |
+//! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`, `signal`) |
+//! | `outbox`      | no      | [`outbox`]: the Postgres outbox, its relay and the HTTP sender `outbox::http` (enables `retry`, `timeout`, `signal`) |
 //! | `metrics`     | no      | counters and histograms through the `metrics` facade (below) |
 //! | `reqwest`     | no      | `retry::reqwest`: a `reqwest::Client` as a tower service; `send_with` for requests built the reqwest way |
 //! | `tonic`       | no      | `retry::tonic`: adapters for tonic clients (a `Channel` below, `tonic::Status` errors above) |
@@ -162,6 +166,12 @@ pub use tower_once_worker as worker;
 #[cfg(feature = "outbox")]
 #[doc(inline)]
 pub use tower_once_outbox as outbox;
+
+#[cfg(feature = "signal")]
+mod signal;
+#[cfg(feature = "signal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "signal")))]
+pub use signal::{shutdown_signal, ShutdownSignal};
 
 /// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
 #[cfg(doctest)]

@@ -67,19 +67,20 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    let shutdown = shutdown_signal();
+    // SIGTERM or SIGINT, installed before any role says it is up.
+    let shutdown = tower_once::shutdown_signal();
     match args.role {
         Role::Api => api::serve(&args, args.addr, shutdown).await,
         Role::Worker => worker::run(&args, shutdown).await,
         Role::Relay => relay::run(&args, shutdown).await,
         Role::Model => model::serve(args.addr, shutdown).await,
         Role::Mailer => mailer::serve(args.addr, shutdown).await,
-        Role::All => all(args).await,
+        Role::All => all(args, shutdown).await,
     }
 }
 
 /// Every role in one process, on consecutive ports.
-async fn all(mut args: Args) -> Result<(), BoxError> {
+async fn all(mut args: Args, shutdown: tower_once::ShutdownSignal) -> Result<(), BoxError> {
     let api_addr = args.addr;
     let model_addr = args::next_port(api_addr, 1)?;
     let mailer_addr = args::next_port(api_addr, 2)?;
@@ -101,7 +102,7 @@ async fn all(mut args: Args) -> Result<(), BoxError> {
     };
     tracing::info!(%api_addr, %model_addr, %mailer_addr, "pipeline running");
     let stop_on_signal = async {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = stop.send(true);
     };
     let ((model, mailer, api, worker, relay), ()) = tokio::join!(roles, stop_on_signal);
@@ -110,26 +111,4 @@ async fn all(mut args: Args) -> Result<(), BoxError> {
     api?;
     worker?;
     relay
-}
-
-/// SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }

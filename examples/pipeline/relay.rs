@@ -2,18 +2,18 @@
 
 use crate::args::Args;
 use crate::db;
-use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::future::Future;
 use std::time::Duration;
-use tower::{ServiceBuilder, ServiceExt};
-use tower_once::outbox::{OutboxMessage, OutboxRelay, RelayConfig};
+use tower::ServiceBuilder;
+use tower_once::outbox::http::{Delivered, HttpSendError, HttpSender, Route};
+use tower_once::outbox::{OutboxRelay, RelayConfig};
 use tower_once::retry::backoff::{Backoff, Jitter};
 use tower_once::retry::classify::{Action, Classify, HttpClassifier};
-use tower_once::timeout::TimeoutLayer;
+use tower_once::timeout::http::HttpTimeoutLayer;
 use tower_once::worker::BoxError;
 
 pub(crate) async fn run(
@@ -21,28 +21,23 @@ pub(crate) async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
     let (_, outbox) = db::connect(&args.postgres, true).await?;
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let url = format!("{}/v1/emails", args.mailer);
+    let client = ServiceBuilder::new()
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(10)))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let emails = Route::post(format!("{}/v1/emails", args.mailer).parse()?)
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let linger = args.linger;
     let sender = ServiceBuilder::new()
-        .layer(TimeoutLayer::new(Duration::from_secs(10)))
-        .service(tower::service_fn(move |message: OutboxMessage| {
-            let client = client.clone();
-            let request = message.http_request(url.as_str());
-            async move {
-                let mut request = request?.map(Full::new);
-                request.headers_mut().insert(
-                    "content-type",
-                    http::HeaderValue::from_static("application/json"),
-                );
-                let response = client.oneshot(request).await?;
-                let (parts, body) = response.into_parts();
-                let _ = body.collect().await?;
-                // The crash window a test kills the relay in: sent, not yet recorded.
-                tokio::time::sleep(linger).await;
-                Ok::<_, BoxError>(Response::from_parts(parts, ()))
-            }
-        }));
+        // The crash window a test kills the relay in: sent, not yet recorded.
+        .and_then(move |delivered: Delivered| async move {
+            tokio::time::sleep(linger).await;
+            Ok::<_, HttpSendError>(delivered)
+        })
+        .service(
+            HttpSender::new(client)
+                .route("email", emails)
+                .classify(MailerClassifier),
+        );
     let lease = args.claim_idle.max(Duration::from_secs(1));
     let config = RelayConfig::new()
         .lease(lease)
@@ -54,7 +49,8 @@ pub(crate) async fn run(
             Backoff::new(Duration::from_secs(2), 2.0, Duration::from_secs(60))?
                 .jitter(Jitter::Equal),
         );
-    let relay = OutboxRelay::new(outbox, config, sender)?.classify(MailerClassifier);
+    // The sender classifies the mailer's answers itself: the relay's default follows it.
+    let relay = OutboxRelay::new(outbox, config, sender)?;
     tracing::info!("relay starting");
     let report = relay.run(shutdown).await;
     tracing::info!(?report, "relay stopped");
@@ -66,8 +62,8 @@ pub(crate) async fn run(
 #[derive(Clone, Copy)]
 struct MailerClassifier;
 
-impl<E> Classify<Response<()>, E> for MailerClassifier {
-    fn classify(&self, outcome: &Result<Response<()>, E>) -> Action {
+impl<B, E> Classify<Response<B>, E> for MailerClassifier {
+    fn classify(&self, outcome: &Result<Response<B>, E>) -> Action {
         match outcome {
             Ok(r) if r.status() == StatusCode::CONFLICT => Action::Retry { after: None },
             other => HttpClassifier.classify(other),

@@ -57,6 +57,8 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| "server=info,tower_once_idempotency=warn".into()),
         )
         .init();
+    // SIGTERM or SIGINT; installed before the server says it listens.
+    let shutdown = tower_once::shutdown_signal();
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
@@ -88,9 +90,7 @@ async fn main() -> ExitCode {
     tracing::info!(target: "server", addr = %local, store, "listening");
     let (app, detached) = app;
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown)
         .await;
     // Handlers whose clients left still run: let them finish (bounded) before exiting.
     let _ = tokio::time::timeout(Duration::from_secs(30), detached.wait()).await;

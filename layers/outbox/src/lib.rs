@@ -15,6 +15,7 @@
 //! use tower::ServiceBuilder;
 //! use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
 //!
+//! # mod tower_once { pub async fn shutdown_signal() {} }
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://127.0.0.1/app").await?;
@@ -33,7 +34,8 @@
 //!     Ok::<_, std::io::Error>(())
 //! });
 //! let relay = OutboxRelay::new(outbox, RelayConfig::new().lease(Duration::from_secs(30)), sender)?;
-//! relay.run(async { let _ = tokio::signal::ctrl_c().await; }).await;
+//! // SIGTERM or SIGINT (`shutdown_signal` is in the `tower-once` crate, feature `signal`).
+//! relay.run(tower_once::shutdown_signal()).await;
 //! # Ok(())
 //! # }
 //! ```
@@ -66,44 +68,47 @@
 //!
 //! # HTTP senders
 //!
-//! [`OutboxMessage::http_request`] builds the `POST` with `Idempotency-Key: <dedupe key>`, so
-//! a provider behind tower-once's `IdempotencyLayer` (or Stripe, or any provider that honours
-//! the header) turns the relay's one double send into one effect. An HTTP sender answers
-//! `Ok(response)` whatever the status, so **classify it with [`HttpClassifier`](classify::HttpClassifier)**
-//! (or your own): with the default, [`RetryOnError`](classify::RetryOnError), a `503` would
-//! count as sent. A row has a topic and a payload, no headers: set the `Content-Type` from the
-//! topic.
+//! With feature `http`, [`http::HttpSender`] is the sender for HTTP providers: a
+//! [`Route`](http::Route) per topic (method, URI, headers), the dedupe key as the
+//! `Idempotency-Key` header and the payload as the body, over any tower HTTP client
+//! (hyper-util's, reqwest's through `tower_once_retry::reqwest`, with the retry and timeout
+//! layers below it). It classifies the answers itself, so with the relay's default classifier
+//! a `503` is retried after its `Retry-After` and a `400` is parked; the [module docs](http)
+//! have the table.
 //!
 //! ```no_run
-//! use bytes::Bytes;
-//! use http_body_util::Full;
+//! # mod tower_once { pub async fn shutdown_signal() {} }
+//! # #[cfg(feature = "http")]
+//! # async fn run(outbox: tower_once_outbox::Outbox) -> Result<(), Box<dyn std::error::Error>> {
+//! use http::header::{HeaderValue, CONTENT_TYPE};
+//! use http::Uri;
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
-//! use tower::ServiceExt;
-//! use tower_once_outbox::classify::HttpClassifier;
-//! use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
+//! use tower_once_outbox::http::{HttpSender, Route};
+//! use tower_once_outbox::{OutboxRelay, RelayConfig};
 //!
-//! # async fn run(outbox: Outbox) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-//! let sender = tower::service_fn(move |message: OutboxMessage| {
-//!     let client = client.clone();
-//!     async move {
-//!         let mut request = message.http_request("http://mailer.internal/v1/send")?.map(Full::new);
-//!         request.headers_mut().insert("content-type", "application/json".parse()?);
-//!         let response = client.oneshot(request).await?;
-//!         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
-//!     }
-//! });
-//! let relay = OutboxRelay::new(outbox, RelayConfig::new(), sender)?.classify(HttpClassifier);
-//! relay.run(std::future::pending::<()>()).await;
+//! let client = Client::builder(TokioExecutor::new()).build_http();
+//! let sender = HttpSender::new(client).route(
+//!     "email",
+//!     Route::post(Uri::from_static("http://mailer.internal/v1/send"))
+//!         .header(CONTENT_TYPE, HeaderValue::from_static("application/json")),
+//! );
+//! let relay = OutboxRelay::new(outbox, RelayConfig::new(), sender)?;
+//! relay.run(tower_once::shutdown_signal()).await;
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A sender written by hand around an HTTP client answers `Ok(response)` whatever the status:
+//! give its relay `.classify(HttpClassifier)` ([`classify::HttpClassifier`]), or a `503` counts
+//! as sent. [`OutboxMessage::http_request`] builds its request (a `POST` with the
+//! `Idempotency-Key`).
 //!
 //! # Feature flags
 //!
 //! | feature | enables |
 //! |---|---|
+//! | `http` | [`http`]: [`HttpSender`](http::HttpSender), the ready-made HTTP sender (adds `http-body`, `http-body-util`, `pin-project-lite`) |
 //! | `metrics` | the counter `tower_once_outbox_sends_total{outcome}` ([`SendOutcome::as_str`]) through the `metrics` facade |
 //!
 //! # Minimum supported Rust version
@@ -112,9 +117,14 @@
 
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod classify;
 pub mod config;
 mod error;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod message;
 mod metrics;
 mod outbox;
@@ -133,10 +143,6 @@ pub use self::relay::{OutboxRelay, PassReport, RelayReport};
 
 /// The `sqlx` this crate is built on, to make pools and transactions of the matching version.
 pub use ::sqlx;
-
-/// How a sender's outcome is classified (`Classify`, `Action`, `HttpClassifier`,
-/// `RetryOnError`): the retry crate's vocabulary, re-exported.
-pub use tower_once_retry::classify;
 
 /// The relay's backoff after a failed attempt (`Backoff`, `Jitter`), from the retry crate.
 pub use tower_once_retry::backoff;

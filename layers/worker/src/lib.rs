@@ -16,6 +16,7 @@
 //! use tower_once_retry::RetryLayer;
 //! use tower_once_worker::{classify::JobClassifier, Job, JobError, RunOnceLayer, Worker, WorkerConfig};
 //!
+//! # mod tower_once { pub async fn shutdown_signal() {} }
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let handler = ServiceBuilder::new()
@@ -28,7 +29,8 @@
 //!     });
 //! let config = WorkerConfig::new("{jobs}", "mailers").claim_idle(Duration::from_secs(30));
 //! let worker = Worker::connect("redis://127.0.0.1:6379", config, handler)?;
-//! let report = worker.run(async { let _ = tokio::signal::ctrl_c().await; }).await;
+//! // SIGTERM or SIGINT (`shutdown_signal` is in the `tower-once` crate, feature `signal`).
+//! let report = worker.run(tower_once::shutdown_signal()).await;
 //! println!("{report:?}");
 //! # Ok(())
 //! # }

@@ -5,13 +5,13 @@ mod pass;
 mod run;
 mod send;
 
+use crate::classify::{Classify, SendClassifier};
 use crate::config::RelayConfig;
 use crate::error::OutboxError;
 use crate::message::OutboxMessage;
 use crate::outbox::Outbox;
 use std::fmt;
 use std::sync::Arc;
-use tower_once_retry::classify::{Classify, RetryOnError};
 use tower_service::Service;
 
 /// Sends an [`Outbox`]'s rows through a `tower::Service<OutboxMessage>`.
@@ -24,10 +24,12 @@ use tower_service::Service;
 /// their lease runs out. See the [crate docs](crate) for the full table.
 ///
 /// The sender's outcome is classified with the retry crate's [`Classify`]: the default,
-/// [`RetryOnError`], counts `Ok` as sent and retries every `Err`. A classifier that returns
-/// `Action::Stop` parks the row at once (a provider's `400`), and `Action::Retry { after }`
-/// schedules the next attempt after the provider's delay (`Retry-After`).
-pub struct OutboxRelay<S, C = RetryOnError> {
+/// [`SendClassifier`], counts `Ok` as sent, follows the verdict an
+/// [`HttpSendError`](crate::http::HttpSendError) carries and retries every other `Err`. A
+/// classifier that returns `Action::Stop` parks the row at once (a provider's `400`), and
+/// `Action::Retry { after }` schedules the next attempt after the provider's delay
+/// (`Retry-After`).
+pub struct OutboxRelay<S, C = SendClassifier> {
     shared: Arc<Shared<C>>,
     sender: S,
 }
@@ -49,7 +51,7 @@ impl<S> OutboxRelay<S> {
             shared: Arc::new(Shared {
                 outbox,
                 config,
-                classifier: RetryOnError,
+                classifier: SendClassifier,
             }),
             sender,
         })
