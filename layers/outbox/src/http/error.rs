@@ -95,7 +95,8 @@ impl HttpSendError {
         matches!(self.kind, Kind::Transport(_))
     }
 
-    /// The sender's verdict: [`Action::Stop`] parks the row, [`Action::Retry`] schedules
+    /// The sender's verdict: [`Action::Stop`] parks the row, [`Action::Retry`] (or
+    /// [`Action::InProgress`]: the provider is still running the same key's request) schedules
     /// another attempt (after the provider's delay when it gave one). [`Action::Success`] only
     /// when the sender's own classifier called a client error a success; the relay then counts
     /// the message as sent.
@@ -111,8 +112,8 @@ impl HttpSendError {
     /// The delay the provider asked for (`Retry-After`), when the failure is worth retrying.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.action {
-            Action::Retry { after } => after,
-            Action::Success | Action::Stop => None,
+            Action::Retry { after } | Action::InProgress { after } => after,
+            _ => None,
         }
     }
 
