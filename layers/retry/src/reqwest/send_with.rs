@@ -15,7 +15,8 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// Sends a request built with reqwest's builder through a tower stack.
 pub trait RequestBuilderExt {
     /// Builds the request and sends it through `service` (for example retry and timeout layers
-    /// over a [`ReqwestService`]); the answer comes back as a `reqwest::Response`.
+    /// over a [`ReqwestService`](super::ReqwestService)); the answer comes back as a
+    /// `reqwest::Response`.
     fn send_with<S, ResB>(self, service: S) -> SendWith<S>
     where
         S: Service<http::Request<reqwest::Body>, Response = http::Response<ResB>>,
