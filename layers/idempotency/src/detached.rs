@@ -1,13 +1,17 @@
-//! Handlers finishing on tasks of their own, and waiting for them at shutdown.
+//! The one tracker of the work a layer finishes on tasks of its own, and waiting for it at
+//! shutdown.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 
-/// The work a layer finishes on tasks of its own: handlers whose clients went away (they run to
-/// completion so their effect is not repeated by the retry) and streamed responses whose claim
-/// is held until the body ends.
+/// The work a layer finishes on tasks of its own, all of it: handlers whose clients went away
+/// (they run to completion so their effect is not repeated by the retry), streamed responses
+/// whose claim is held until the body ends, and every store write a dropped request left in
+/// flight (the completion that stores a response, the release of a key, a claim whose answer had
+/// not come). Until such a write lands, the client's retry after a restart would meet `409` and
+/// then run the handler again.
 ///
 /// A server shutting down gracefully waits for its connections, and these have none left: wait
 /// for them too, after the server stopped and before the process exits, or a rolling deploy

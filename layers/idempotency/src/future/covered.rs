@@ -1,7 +1,7 @@
 //! The life of one covered request: read the body, claim, run, read the response, finish.
 
-use super::claim::PendingClaim;
-use super::detach::MustFinish;
+use super::finish_on_drop::Unfinished;
+use super::pending::PendingClaim;
 use super::read::RequestRead;
 use super::steps::Ctx;
 use super::POLLED_AFTER_COMPLETION;
@@ -71,18 +71,18 @@ pin_project! {
     }
 }
 
-impl<S, ReqB, ResB, St, F, P> MustFinish for CoveredFuture<S, ReqB, ResB, St, F, P>
+impl<S, ReqB, ResB, St, F, P> Unfinished for CoveredFuture<S, ReqB, ResB, St, F, P>
 where
     S: Service<Request<RequestBody<ReqB>>>,
     ReqB: Body,
     ResB: Body,
     St: IdempotencyStore,
 {
-    fn must_finish(&self) -> bool {
+    fn is_unfinished(&self) -> bool {
         matches!(self.state, State::Run { .. } | State::ReadResponse { .. })
     }
 
-    fn detached(&self) -> &crate::Detached {
+    fn background(&self) -> &crate::Detached {
         &self.ctx.config.detached
     }
 }

@@ -3,15 +3,17 @@
 
 mod claim;
 mod covered;
-mod detach;
+mod finish_on_drop;
+mod pending;
 mod read;
 mod replay;
 mod steps;
+mod streaming;
 
 pub(crate) use self::replay::problem;
 
 use self::covered::CoveredFuture;
-use self::detach::Detach;
+use self::finish_on_drop::FinishOnDrop;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::Fingerprinter;
@@ -40,7 +42,7 @@ pin_project! {
         St: IdempotencyStore,
     {
         #[pin]
-        kind: Kind<S::Future, ResB, Detach<CoveredFuture<S, ReqB, ResB, St, F, P>>>,
+        kind: Kind<S::Future, ResB, FinishOnDrop<CoveredFuture<S, ReqB, ResB, St, F, P>>>,
     }
 }
 
@@ -115,7 +117,7 @@ where
         let future = CoveredFuture::new(service, store, config, key, parts, body);
         Self {
             kind: Kind::Covered {
-                future: Detach::new(future, !cancel),
+                future: FinishOnDrop::new(future, !cancel),
             },
         }
     }

@@ -1,9 +1,11 @@
 //! One method per state of a covered request: what the states share, and what each does.
 
-use super::claim::{self, ClaimGuard, PendingClaim, StreamingClaim};
+use super::claim::{self, ClaimGuard};
 use super::covered::State;
+use super::pending::{self, PendingClaim};
 use super::read::{Refused, RequestRead};
 use super::replay::{self, problem};
+use super::streaming::StreamingClaim;
 use super::POLLED_AFTER_COMPLETION;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
@@ -89,6 +91,7 @@ where
                 self.key,
                 self.token,
                 future,
+                self.config.detached.clone(),
             )),
             request,
         })
@@ -114,7 +117,12 @@ where
         match outcome {
             Ok(ClaimOutcome::Claimed) => {
                 tracing::debug!(token = %self.token, "claimed idempotency key");
-                self.claim = Some(ClaimGuard::new(self.store.clone(), self.key, self.token));
+                self.claim = Some(ClaimGuard::new(
+                    self.store.clone(),
+                    self.key,
+                    self.token,
+                    self.config.detached.clone(),
+                ));
                 renew.set(Some(tokio::time::sleep(claim::renew_interval(
                     settings.lease,
                 ))));
@@ -136,7 +144,12 @@ where
             },
             Err(error) => {
                 // The claim may have landed even though its answer did not arrive.
-                claim::release_in_background(self.store.clone(), self.key, self.token);
+                pending::release_in_background(
+                    self.store.clone(),
+                    self.key,
+                    self.token,
+                    &self.config.detached,
+                );
                 if settings.fail_open {
                     Outcome::Unclaimed.record(span);
                     tracing::warn!(%error, "idempotency store failed; running the request without a claim (fail-open)");

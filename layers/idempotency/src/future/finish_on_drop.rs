@@ -1,0 +1,62 @@
+//! Finishing a covered request's work on a task of its own when the request is dropped while
+//! its handler runs (the client went away).
+
+use super::POLLED_AFTER_COMPLETION;
+use crate::Detached;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+/// A covered request's future, boxed so that it can move to a task of its own: if the request
+/// is dropped while the handler runs, the handler still runs to completion and its response is
+/// stored (unless cancellation was chosen), on a task counted by the layer's [`Detached`].
+pub(super) struct FinishOnDrop<Fut: Unfinished> {
+    future: Option<Pin<Box<Fut>>>,
+    finish: Option<fn(Pin<Box<Fut>>)>,
+}
+
+/// A future that knows whether dropping it now would cut work already started, and which
+/// [`Detached`] counts the task that would finish it.
+pub(super) trait Unfinished {
+    fn is_unfinished(&self) -> bool;
+    fn background(&self) -> &Detached;
+}
+
+impl<Fut: Unfinished + Future + Send + 'static> FinishOnDrop<Fut> {
+    /// `finish`: whether dropping the request finishes its handler (rather than cancelling it).
+    pub(super) fn new(future: Fut, finish: bool) -> Self {
+        Self {
+            future: Some(Box::pin(future)),
+            finish: finish.then_some(finish_on_task::<Fut> as fn(Pin<Box<Fut>>)),
+        }
+    }
+}
+
+fn finish_on_task<Fut: Unfinished + Future + Send + 'static>(future: Pin<Box<Fut>>) {
+    tracing::debug!("request dropped while its handler runs; finishing it on a task of its own");
+    let background = future.background().clone();
+    background.spawn(async move {
+        let _ = future.await;
+    });
+}
+
+impl<Fut: Unfinished + Future> FinishOnDrop<Fut> {
+    pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Fut::Output> {
+        let Some(future) = self.future.as_mut() else {
+            panic!("{POLLED_AFTER_COMPLETION}")
+        };
+        let output = ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<Fut: Unfinished> Drop for FinishOnDrop<Fut> {
+    fn drop(&mut self) {
+        if let (Some(future), Some(finish)) = (self.future.take(), self.finish) {
+            if future.is_unfinished() {
+                finish(future);
+            }
+        }
+    }
+}
