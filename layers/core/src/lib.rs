@@ -14,6 +14,14 @@ pub mod body;
 pub mod carrier;
 pub mod time;
 
+/// Panics with the one message every tower-once future gives when it is polled again after it
+/// completed (a caller's bug, as for any future).
+#[cold]
+#[track_caller]
+pub fn polled_after_completion(future: &'static str) -> ! {
+    panic!("{future} polled after completion")
+}
+
 /// The `Idempotency-Key` header (IETF draft-ietf-httpapi-idempotency-key-header), read by the
 /// server layer and stamped by the client layer.
 pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");

@@ -41,7 +41,7 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::store::write_hex(f, &self.0)
+        crate::digest::write_hex(f, &self.0)
     }
 }
 
@@ -110,15 +110,9 @@ impl Fingerprinter for Sha256Fingerprint {
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let mut hasher = Sha256::new();
         hasher.update(b"tower-once/fingerprint/v1");
-        update_framed(&mut hasher, parts.method.as_str().as_bytes());
-        update_framed(&mut hasher, path_and_query.as_bytes());
-        update_framed(&mut hasher, body);
+        crate::digest::update_framed(&mut hasher, parts.method.as_str().as_bytes());
+        crate::digest::update_framed(&mut hasher, path_and_query.as_bytes());
+        crate::digest::update_framed(&mut hasher, body);
         Fingerprint(hasher.finalize().into())
     }
-}
-
-/// Feeds `part` to `hasher` behind its length, so concatenations cannot collide.
-pub(crate) fn update_framed(hasher: &mut Sha256, part: &[u8]) {
-    hasher.update((part.len() as u64).to_be_bytes());
-    hasher.update(part);
 }

@@ -134,6 +134,7 @@
 mod body;
 mod config;
 mod detached;
+mod digest;
 pub mod fingerprint;
 mod future;
 pub mod key;

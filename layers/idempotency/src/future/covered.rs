@@ -1,10 +1,9 @@
 //! The life of one covered request: read the body, claim, run, read the response, finish.
 
 use super::finish_on_drop::Unfinished;
-use super::pending::PendingClaim;
 use super::read::RequestRead;
+use super::state::{State, StateProj};
 use super::steps::Ctx;
-use super::POLLED_AFTER_COMPLETION;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
@@ -13,7 +12,7 @@ use crate::problem::ProblemKind;
 use crate::store::{ClaimToken, IdempotencyStore, StoreKey};
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, EXPECT};
-use http::{request, response, HeaderMap, Request, Response};
+use http::{request, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -21,7 +20,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
-use tower_once_core::body::Collector;
 use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 use tracing::Span;
@@ -42,32 +40,6 @@ pin_project! {
         renew: Option<Sleep>,
         ctx: Ctx<S, St, F, P>,
         span: Span,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    pub(super) enum State<Fut, ReqB, ResB: Body, St: IdempotencyStore, E> {
-        ReadRequest { #[pin] read: RequestRead<ReqB> },
-        // Boxed: only a store whose claim is in flight (a network store, whose future is boxed
-        // already) gets here, and inline it would make this the largest state by far (a memory
-        // store's ready answer holds a whole stored response), copied on every transition.
-        Claim {
-            claim: Box<PendingClaim<St>>,
-            request: Option<Request<Bytes>>,
-        },
-        // Fail-open only: the store failed and the handler runs without a claim.
-        Unclaimed { #[pin] future: Fut },
-        Run { #[pin] future: Fut },
-        // Boxed: if the response is too large to store, this body goes to the client as it is.
-        ReadResponse {
-            body: Option<Pin<Box<ResB>>>,
-            parts: Option<response::Parts>,
-            collected: Collector,
-            trailers: Option<HeaderMap>,
-        },
-        Finish { result: Option<Result<Response<ResponseBody<ResB>>, E>> },
-        Done,
     }
 }
 
@@ -146,11 +118,11 @@ where
                     this.renew.set(None);
                     let result = result.take();
                     this.state.set(State::Done);
-                    return Poll::Ready(
-                        result.unwrap_or_else(|| panic!("{POLLED_AFTER_COMPLETION}")),
-                    );
+                    return Poll::Ready(result.unwrap_or_else(|| {
+                        tower_once_core::polled_after_completion("ResponseFuture")
+                    }));
                 }
-                StateProj::Done => panic!("{POLLED_AFTER_COMPLETION}"),
+                StateProj::Done => tower_once_core::polled_after_completion("ResponseFuture"),
             };
             this.state.set(next);
         }

@@ -1,7 +1,6 @@
 //! Finishing a covered request's work on a task of its own when the request is dropped while
 //! its handler runs (the client went away).
 
-use super::POLLED_AFTER_COMPLETION;
 use crate::Detached;
 use std::future::Future;
 use std::pin::Pin;
@@ -43,7 +42,7 @@ fn finish_on_task<Fut: Unfinished + Future + Send + 'static>(future: Pin<Box<Fut
 impl<Fut: Unfinished + Future> FinishOnDrop<Fut> {
     pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Fut::Output> {
         let Some(future) = self.future.as_mut() else {
-            panic!("{POLLED_AFTER_COMPLETION}")
+            tower_once_core::polled_after_completion("ResponseFuture")
         };
         let output = ready!(future.as_mut().poll(cx));
         self.future = None;

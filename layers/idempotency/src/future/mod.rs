@@ -7,6 +7,7 @@ mod finish_on_drop;
 mod pending;
 mod read;
 mod replay;
+mod state;
 mod steps;
 mod streaming;
 
@@ -54,8 +55,6 @@ pin_project! {
         Covered { future: Cov },
     }
 }
-
-pub(crate) const POLLED_AFTER_COMPLETION: &str = "ResponseFuture polled after completion";
 
 impl<S, ReqB, ResB, St, F, P> ResponseFuture<S, ReqB, ResB, St, F, P>
 where
@@ -142,7 +141,7 @@ where
             }
             KindProj::Respond { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),
-                None => panic!("{POLLED_AFTER_COMPLETION}"),
+                None => tower_once_core::polled_after_completion("ResponseFuture"),
             },
             KindProj::Covered { future } => future.poll(cx),
         }

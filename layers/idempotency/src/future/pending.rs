@@ -72,9 +72,7 @@ impl<St: IdempotencyStore> PendingClaim<St> {
     /// The store's answer; afterwards, dropping this does nothing.
     pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<ClaimOutcome, StoreError>> {
         let Some(future) = self.future.as_mut() else {
-            return Poll::Ready(Err(StoreError::unavailable(
-                "claim polled after its answer",
-            )));
+            tower_once_core::polled_after_completion("PendingClaim")
         };
         let outcome = ready!(Pin::new(future).poll(cx));
         self.future = None;

@@ -80,7 +80,7 @@ where
             {
                 Collected::Complete => {
                     let Some(parts) = this.parts.take() else {
-                        panic!("{}", super::POLLED_AFTER_COMPLETION)
+                        tower_once_core::polled_after_completion("ResponseFuture")
                     };
                     return Poll::Ready(Ok((parts, std::mem::take(this.collected).finish())));
                 }

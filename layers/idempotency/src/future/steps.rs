@@ -1,12 +1,11 @@
 //! One method per state of a covered request: what the states share, and what each does.
 
 use super::claim::{self, ClaimGuard};
-use super::covered::State;
 use super::pending::{self, PendingClaim};
 use super::read::{Refused, RequestRead};
 use super::replay::{self, problem};
+use super::state::{State, StateOf};
 use super::streaming::StreamingClaim;
-use super::POLLED_AFTER_COMPLETION;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
@@ -41,14 +40,6 @@ pub(super) struct Ctx<S, St: IdempotencyStore, F, P> {
     // Whether the client speaks gRPC (the layer then answers with gRPC statuses).
     pub(super) grpc: bool,
 }
-
-pub(super) type StateOf<S, ReqB, ResB, St> = State<
-    <S as Service<Request<RequestBody<ReqB>>>>::Future,
-    ReqB,
-    ResB,
-    St,
-    <S as Service<Request<RequestBody<ReqB>>>>::Error,
->;
 
 impl<S, St, F, P> Ctx<S, St, F, P>
 where
@@ -112,7 +103,7 @@ where
     {
         let settings = &self.config.settings;
         let Some(mut request) = request.take() else {
-            panic!("{POLLED_AFTER_COMPLETION}")
+            tower_once_core::polled_after_completion("ResponseFuture")
         };
         match outcome {
             Ok(ClaimOutcome::Claimed) => {
@@ -225,7 +216,7 @@ where
     {
         let settings = &self.config.settings;
         let Some(stream) = body.as_mut() else {
-            panic!("{POLLED_AFTER_COMPLETION}")
+            tower_once_core::polled_after_completion("ResponseFuture")
         };
         let overflow = match ready!(collected.poll_collect(
             stream.as_mut(),
@@ -249,7 +240,7 @@ where
             }
         };
         let (Some(parts), Some(rest)) = (parts.take(), body.take()) else {
-            panic!("{POLLED_AFTER_COMPLETION}")
+            tower_once_core::polled_after_completion("ResponseFuture")
         };
         let collected = std::mem::take(collected);
         let trailers = trailers.take();

@@ -66,7 +66,7 @@ impl StoreKey {
     /// Derives the key of a request from its scope, method, path as the client addressed it
     /// (without the query) and idempotency key.
     pub fn derive(scope: &[u8], parts: &http::request::Parts, key: &str) -> Self {
-        use crate::fingerprint::update_framed;
+        use crate::digest::update_framed;
         use sha2::{Digest, Sha256};
         let mut hasher = Sha256::new();
         hasher.update(b"tower-once/key/v1");
@@ -178,7 +178,7 @@ fn scope_tag(scope: &[u8]) -> u64 {
 
 impl fmt::Display for StoreKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_hex(f, &self.digest)
+        crate::digest::write_hex(f, &self.digest)
     }
 }
 
@@ -186,22 +186,6 @@ impl fmt::Debug for StoreKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "StoreKey({self})")
     }
-}
-
-pub(crate) fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
-    // One `write_str` per 32 bytes: a `write!` per byte went through the formatting machinery
-    // 32 times for every Redis key name.
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut buf = [0u8; 64];
-    for chunk in bytes.chunks(32) {
-        let out = &mut buf[..chunk.len() * 2];
-        for (pair, byte) in out.chunks_exact_mut(2).zip(chunk) {
-            pair[0] = DIGITS[usize::from(byte >> 4)];
-            pair[1] = DIGITS[usize::from(byte & 0x0f)];
-        }
-        f.write_str(std::str::from_utf8(out).map_err(|_| fmt::Error)?)?;
-    }
-    Ok(())
 }
 
 /// The random token that owns a claim, fencing every later write to the record.

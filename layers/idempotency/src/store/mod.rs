@@ -62,7 +62,6 @@ pub mod conformance;
 pub mod redis;
 
 pub use self::error::StoreError;
-pub(crate) use self::key::write_hex;
 pub use self::key::{ClaimToken, StoreKey};
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::record::{ClaimOutcome, Completion, ExistingRecord, RecordState, StoredResponse};

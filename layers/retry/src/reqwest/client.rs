@@ -1,8 +1,10 @@
 //! One cloneable client: a `reqwest::Client` behind the HTTP retry and timeout layers.
 
-use super::error::{Error, StackError};
-use super::request::{Pending, RequestBuilder};
+use super::error::Error;
+use super::pending::Pending;
+use super::request::RequestBuilder;
 use super::service::ReqwestService;
+use super::stack::{Stack, StackResponse};
 use crate::classify::{Classify, HttpClassifier};
 use crate::hook::OnRetry;
 use crate::http::HttpRetryLayer;
@@ -12,14 +14,7 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
-use tower_once_timeout::http::{HttpTimeoutLayer, TimeoutBody};
-
-/// What the stack answers before the response is handed back as a `reqwest::Response`.
-type StackResponse = http::Response<TimeoutBody<reqwest::Body>>;
-
-/// The stack, with its classifier and hook types erased so that [`Client`] has none.
-pub(super) type Stack =
-    BoxCloneSyncService<http::Request<reqwest::Body>, StackResponse, StackError>;
+use tower_once_timeout::http::HttpTimeoutLayer;
 
 /// A `reqwest::Client` behind [`HttpRetryLayer`] and a per-attempt [`HttpTimeoutLayer`]: build
 /// requests as with reqwest, send them, get a `reqwest::Response` or one [`Error`]. Cloning is
@@ -73,7 +68,7 @@ impl Client {
 
     /// A request with `method` to `url`.
     pub fn request<U: reqwest::IntoUrl>(&self, method: Method, url: U) -> RequestBuilder {
-        RequestBuilder::new(self.clone(), self.client.request(method, url))
+        RequestBuilder::new(self.stack.clone(), self.client.request(method, url))
     }
 
     /// A `GET` to `url`.
@@ -114,7 +109,7 @@ impl Client {
         }
     }
 
-    pub(super) fn send(&self, request: http::Request<reqwest::Body>) -> Pending {
+    fn send(&self, request: http::Request<reqwest::Body>) -> Pending {
         Pending::sending(self.stack.clone().oneshot(request))
     }
 }

@@ -65,12 +65,15 @@
 
 mod client;
 mod error;
+mod pending;
 mod request;
 mod send_with;
 mod service;
+mod stack;
 
 pub use self::client::{Client, ClientBuilder};
 pub use self::error::Error;
-pub use self::request::{Pending, RequestBuilder};
+pub use self::pending::Pending;
+pub use self::request::RequestBuilder;
 pub use self::send_with::{RequestBuilderExt, SendError, SendWith};
 pub use self::service::{ReqwestService, ResponseFuture};

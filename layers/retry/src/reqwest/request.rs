@@ -1,32 +1,29 @@
-//! A request being built for a [`Client`], and the future of its answer.
+//! A request being built for a [`Client`](super::Client).
 
-use super::client::{Client, Stack};
 use super::error::Error;
+use super::pending::Pending;
+use super::stack::Stack;
 use crate::http::SafeToRetry;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use pin_project_lite::pin_project;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tower::util::Oneshot;
+use tower::ServiceExt;
 use tower_once_core::IDEMPOTENCY_KEY;
 use tower_once_timeout::Deadline;
 
-/// A request for a [`Client`]: reqwest's `RequestBuilder`, plus what the retry layer reads
+/// A request for a [`Client`](super::Client): reqwest's `RequestBuilder`, plus what the retry layer reads
 /// (a per-request deadline, "safe to retry", an idempotency key).
 #[must_use = "a request does nothing until it is sent"]
 pub struct RequestBuilder {
-    client: Client,
+    stack: Stack,
     inner: reqwest::RequestBuilder,
     extensions: http::Extensions,
 }
 
 impl RequestBuilder {
-    pub(super) fn new(client: Client, inner: reqwest::RequestBuilder) -> Self {
+    pub(super) fn new(stack: Stack, inner: reqwest::RequestBuilder) -> Self {
         Self {
-            client,
+            stack,
             inner,
             extensions: http::Extensions::new(),
         }
@@ -144,7 +141,7 @@ impl RequestBuilder {
         match request {
             Ok(mut request) => {
                 request.extensions_mut().extend(self.extensions);
-                self.client.send(request)
+                Pending::sending(self.stack.oneshot(request))
             }
             Err(error) => Pending::failed(Error::build(error)),
         }
@@ -156,61 +153,5 @@ impl fmt::Debug for RequestBuilder {
         f.debug_struct("RequestBuilder")
             .field("inner", &self.inner)
             .finish_non_exhaustive()
-    }
-}
-
-pin_project! {
-    /// The answer to a request sent by a [`Client`]: a `reqwest::Response` or an [`Error`].
-    #[must_use = "futures do nothing unless polled"]
-    pub struct Pending {
-        #[pin]
-        state: State,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State {
-        Sending { #[pin] oneshot: Oneshot<Stack, http::Request<reqwest::Body>> },
-        Failed { error: Option<Error> },
-    }
-}
-
-impl Pending {
-    pub(super) fn sending(oneshot: Oneshot<Stack, http::Request<reqwest::Body>>) -> Self {
-        Self {
-            state: State::Sending { oneshot },
-        }
-    }
-
-    pub(super) fn failed(error: Error) -> Self {
-        Self {
-            state: State::Failed { error: Some(error) },
-        }
-    }
-}
-
-impl fmt::Debug for Pending {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pending").finish_non_exhaustive()
-    }
-}
-
-impl Future for Pending {
-    type Output = Result<reqwest::Response, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Sending { oneshot } => {
-                let response = ready!(oneshot.poll(cx)).map_err(Error::stack)?;
-                Poll::Ready(Ok(reqwest::Response::from(
-                    response.map(reqwest::Body::wrap),
-                )))
-            }
-            StateProj::Failed { error } => match error.take() {
-                Some(error) => Poll::Ready(Err(error)),
-                None => panic!("Pending polled after completion"),
-            },
-        }
     }
 }

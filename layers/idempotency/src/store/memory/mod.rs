@@ -623,11 +623,11 @@ mod tests {
         assert!(is_completed(&store, done));
     }
 
-    /// The scopes `op` visits one by one (see `shard::SCOPE_VISITS`).
+    /// The scopes `op` visits one by one (see `rank::SCOPE_VISITS`).
     fn visits_of<T>(op: impl FnOnce() -> T) -> (T, usize) {
-        let before = shard::SCOPE_VISITS.with(std::cell::Cell::get);
+        let before = rank::SCOPE_VISITS.with(std::cell::Cell::get);
         let out = op();
-        (out, shard::SCOPE_VISITS.with(std::cell::Cell::get) - before)
+        (out, rank::SCOPE_VISITS.with(std::cell::Cell::get) - before)
     }
 
     /// Fills a one-shard store with one 100-byte response in each of `scopes` scopes (bytes

@@ -50,7 +50,7 @@ impl<R: Ord + Copy> Ranking<R> {
         if self.heap.len() > 2 * scopes + 32 {
             self.heap.clear();
             self.heap.extend(current());
-            super::shard::visited(scopes);
+            visited(scopes);
         }
     }
 
@@ -77,4 +77,17 @@ impl<R: Ord + Copy> Ranking<R> {
     pub(super) fn holds(&self, rank: R, scope: u64) -> bool {
         self.heap.iter().any(|pair| *pair == (rank, scope))
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Counts the scopes this thread's operations visited one by one (test-only): what an
+    /// operation costs beyond its own key's records and scope.
+    pub(super) static SCOPE_VISITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[inline(always)]
+pub(super) fn visited(_scopes: usize) {
+    #[cfg(test)]
+    SCOPE_VISITS.with(|visits| visits.set(visits.get() + _scopes));
 }

@@ -3,7 +3,8 @@
 //! except that room for bytes now demotes instead of removing, and must stay proportional to
 //! the scopes whatever the operations.
 
-use super::shard::{State, SCOPE_VISITS};
+use super::rank::SCOPE_VISITS;
+use super::shard::State;
 use super::tests::{check_all, claimed, response, scoped, DAY, FP, LEASE};
 use super::*;
 use std::collections::{BTreeMap, HashMap};
@@ -521,7 +522,7 @@ async fn the_heaps_stay_proportional_to_the_scopes_under_churn() {
     check_all(&store, "after the time jumps");
 }
 
-/// The scopes `op` visits one by one (rebuilds of a heap, see `shard::SCOPE_VISITS`).
+/// The scopes `op` visits one by one (rebuilds of a heap, see `rank::SCOPE_VISITS`).
 fn visits_of<T>(op: impl FnOnce() -> T) -> (T, usize) {
     let before = SCOPE_VISITS.with(std::cell::Cell::get);
     let out = op();

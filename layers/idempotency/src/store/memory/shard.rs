@@ -53,19 +53,6 @@ impl Hasher for TagHasher {
     }
 }
 
-#[cfg(test)]
-thread_local! {
-    /// Counts the scopes this thread's operations visited one by one (test-only): what an
-    /// operation costs beyond its own key's records and scope.
-    pub(super) static SCOPE_VISITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-#[inline(always)]
-pub(super) fn visited(_scopes: usize) {
-    #[cfg(test)]
-    SCOPE_VISITS.with(|visits| visits.set(visits.get() + _scopes));
-}
-
 #[derive(Default)]
 pub(super) struct ScopeUse {
     pub(super) entries: usize,
