@@ -1,25 +1,19 @@
-//! The life of a claim: renewing its lease while the handler runs, completing or releasing it
+//! The life of a claim: renewing its [`Lease`] while the handler runs, completing or releasing it
 //! with a write fenced by its token, and finishing that write on a task of its own (counted by
 //! the layer's [`Detached`]) when the request's future is dropped.
 
-use crate::store::{ClaimToken, Completion, IdempotencyStore, StoreError, StoreKey};
+use crate::store::{Completion, IdempotencyStore, Lease, StoreError};
 use crate::Detached;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::time::{Instant, Sleep};
-
-pub(super) fn renew_interval(lease: Duration) -> Duration {
-    lease / 3
-}
+use tokio::time::Sleep;
 
 /// Owns a claim until it is completed or released; if dropped first (the client went away and
 /// cancellation is on), releases the key, or finishes the store write already under way.
 pub(super) struct ClaimGuard<St: IdempotencyStore> {
-    store: St,
-    key: StoreKey,
-    token: ClaimToken,
+    lease: Lease<St>,
     op: Op<St>,
     // Where a write left in flight by a drop is finished, counted for the shutdown.
     background: Detached,
@@ -27,77 +21,43 @@ pub(super) struct ClaimGuard<St: IdempotencyStore> {
 
 enum Op<St: IdempotencyStore> {
     Held,
-    Extending(St::ExtendFuture),
     Completing(St::CompleteFuture),
     Releasing(St::ReleaseFuture),
     Done,
 }
 
 impl<St: IdempotencyStore> ClaimGuard<St> {
-    pub(super) fn new(store: St, key: StoreKey, token: ClaimToken, background: Detached) -> Self {
+    pub(super) fn new(lease: Lease<St>, background: Detached) -> Self {
         Self {
-            store,
-            key,
-            token,
+            lease,
             op: Op::Held,
             background,
         }
     }
 
-    fn extend(&mut self, lease: Duration) {
+    /// Renews the lease each time `timer` fires while the claim is held.
+    pub(super) fn poll_renew(&mut self, timer: Pin<&mut Sleep>, cx: &mut Context<'_>) {
         if let Op::Held = self.op {
-            self.op = Op::Extending(self.store.extend(self.key, self.token, lease));
-        }
-    }
-
-    fn poll_extend(&mut self, cx: &mut Context<'_>) {
-        let Op::Extending(future) = &mut self.op else {
-            return;
-        };
-        let Poll::Ready(result) = Pin::new(future).poll(cx) else {
-            return;
-        };
-        self.op = Op::Held;
-        match result {
-            Ok(true) => tracing::trace!("renewed idempotency lease"),
-            Ok(false) => tracing::warn!(
-                "idempotency lease lost: the handler outlived its lease and another request may \
-                 have claimed the key; use the ClaimToken extension to fence writes"
-            ),
-            Err(error) => tracing::warn!(%error, "failed to renew idempotency lease; will retry"),
-        }
-    }
-
-    /// Renews the lease each time `timer` fires, and drives a renewal in flight.
-    pub(super) fn poll_renew(
-        &mut self,
-        mut timer: Pin<&mut Sleep>,
-        lease: Duration,
-        cx: &mut Context<'_>,
-    ) {
-        self.poll_extend(cx);
-        while timer.as_mut().poll(cx).is_ready() {
-            timer.as_mut().reset(Instant::now() + renew_interval(lease));
-            self.extend(lease);
-            self.poll_extend(cx);
+            self.lease.poll_renew(timer, cx);
         }
     }
 
     pub(super) fn complete(&mut self, completion: Completion, retention: Duration) {
-        self.op = Op::Completing(
-            self.store
-                .complete(self.key, self.token, completion, retention),
-        );
+        let (store, key, token) = self.lease.parts();
+        self.op = Op::Completing(store.complete(key, token, completion, retention));
     }
 
     pub(super) fn release(&mut self) {
-        self.op = Op::Releasing(self.store.release(self.key, self.token));
+        let (store, key, token) = self.lease.parts();
+        self.op = Op::Releasing(store.release(key, token));
     }
 
-    /// Hands the claim over (to a task that will finish it): dropping this does nothing more.
-    pub(super) fn disarm(mut self) -> (St, StoreKey, ClaimToken) {
+    /// Hands the claim's lease over (to a task that will finish it): dropping this does
+    /// nothing more.
+    pub(super) fn disarm(mut self) -> Lease<St> {
         self.op = Op::Done;
-        (self.store.clone(), self.key, self.token)
+        let (store, key, token) = self.lease.parts();
+        Lease::new(store.clone(), key, token, self.lease.length())
     }
 
     /// Finishes a store write on a task of its own, counted by the layer's [`Detached`].
@@ -113,7 +73,7 @@ impl<St: IdempotencyStore> ClaimGuard<St> {
         let (result, completing) = match &mut self.op {
             Op::Completing(future) => (ready!(Pin::new(future).poll(cx)), true),
             Op::Releasing(future) => (ready!(Pin::new(future).poll(cx)), false),
-            Op::Held | Op::Extending(_) | Op::Done => return Poll::Ready(()),
+            Op::Held | Op::Done => return Poll::Ready(()),
         };
         self.op = Op::Done;
         log_finish(result, completing);
@@ -125,9 +85,10 @@ impl<St: IdempotencyStore> Drop for ClaimGuard<St> {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.op, Op::Done) {
             Op::Done => {}
-            Op::Held | Op::Extending(_) => {
+            Op::Held => {
                 tracing::debug!("request dropped while running; releasing idempotency key");
-                self.finish_in_background(self.store.release(self.key, self.token), false);
+                let (store, key, token) = self.lease.parts();
+                self.finish_in_background(store.release(key, token), false);
             }
             Op::Completing(future) => self.finish_in_background(future, true),
             Op::Releasing(future) => self.finish_in_background(future, false),

@@ -1,6 +1,6 @@
 //! One method per state of a covered request: what the states share, and what each does.
 
-use super::claim::{self, ClaimGuard};
+use super::claim::ClaimGuard;
 use super::pending::{self, PendingClaim};
 use super::read::{Refused, RequestRead};
 use super::replay::{self, problem};
@@ -13,7 +13,8 @@ use crate::outcome::Outcome;
 use crate::predicate::StorePredicate;
 use crate::problem::ProblemKind;
 use crate::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreKey, StoredResponse,
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, StoreError, StoreKey,
+    StoredResponse,
 };
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -108,15 +109,9 @@ where
         match outcome {
             Ok(ClaimOutcome::Claimed) => {
                 tracing::debug!(token = %self.token, "claimed idempotency key");
-                self.claim = Some(ClaimGuard::new(
-                    self.store.clone(),
-                    self.key,
-                    self.token,
-                    self.config.detached.clone(),
-                ));
-                renew.set(Some(tokio::time::sleep(claim::renew_interval(
-                    settings.lease,
-                ))));
+                let lease = Lease::new(self.store.clone(), self.key, self.token, settings.lease);
+                renew.set(Some(tokio::time::sleep(lease.interval())));
+                self.claim = Some(ClaimGuard::new(lease, self.config.detached.clone()));
                 request.extensions_mut().insert(self.token);
                 request.extensions_mut().insert(self.key);
                 State::Run {
@@ -256,7 +251,6 @@ where
                         prefixed,
                         Box::new(StreamingClaim::new(
                             claim,
-                            settings.lease,
                             settings.retention,
                             &self.config.detached,
                         )),
@@ -297,7 +291,7 @@ where
 
     pub(super) fn poll_renew(&mut self, renew: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) {
         if let (Some(timer), Some(claim)) = (renew.as_pin_mut(), self.claim.as_mut()) {
-            claim.poll_renew(timer, self.config.settings.lease, cx);
+            claim.poll_renew(timer, cx);
         }
     }
 

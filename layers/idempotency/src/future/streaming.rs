@@ -1,8 +1,8 @@
 //! A claim held by a response that streams past the store limit, until its body ends.
 
-use super::claim::{log_finish, renew_interval, ClaimGuard};
+use super::claim::{log_finish, ClaimGuard};
 use crate::body::HeldClaim;
-use crate::store::{ClaimToken, Completion, IdempotencyStore, StoreKey};
+use crate::store::{Completion, IdempotencyStore, Lease};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -22,50 +22,33 @@ pub(super) struct StreamingClaim {
 impl StreamingClaim {
     pub(super) fn new<St: IdempotencyStore>(
         claim: ClaimGuard<St>,
-        lease: Duration,
         retention: Duration,
         detached: &crate::Detached,
     ) -> Self {
-        let (store, key, token) = claim.disarm();
+        let lease = claim.disarm();
         let (end, ended) = tokio::sync::oneshot::channel();
-        detached.spawn(hold(store, key, token, lease, retention, ended));
+        detached.spawn(hold(lease, retention, ended));
         Self { end: Some(end) }
     }
 }
 
 /// Renews the claim until the body ends, then completes it as not replayable or releases it.
 async fn hold<St: IdempotencyStore>(
-    store: St,
-    key: StoreKey,
-    token: ClaimToken,
-    lease: Duration,
+    mut lease: Lease<St>,
     retention: Duration,
     mut ended: tokio::sync::oneshot::Receiver<bool>,
 ) {
-    let kept = loop {
-        let mut timer = std::pin::pin!(tokio::time::sleep(renew_interval(lease)));
-        let ended = std::future::poll_fn(|cx| {
-            if let Poll::Ready(kept) = Pin::new(&mut ended).poll(cx) {
-                // A body dropped without a word was left by its client: the handler ran.
-                return Poll::Ready(Some(kept.unwrap_or(true)));
-            }
-            timer.as_mut().poll(cx).map(|()| None)
-        })
-        .await;
-        match ended {
-            Some(kept) => break kept,
-            None => match store.extend(key, token, lease).await {
-                Ok(true) => tracing::trace!("renewed the claim of a streaming response"),
-                Ok(false) => {
-                    tracing::warn!("the claim of a streaming response was lost");
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "failed to renew the claim of a streaming response; will retry")
-                }
-            },
+    let mut timer = std::pin::pin!(tokio::time::sleep(lease.interval()));
+    let kept = std::future::poll_fn(|cx| {
+        if let Poll::Ready(kept) = Pin::new(&mut ended).poll(cx) {
+            // A body dropped without a word was left by its client: the handler ran.
+            return Poll::Ready(kept.unwrap_or(true));
         }
-    };
+        lease.poll_renew(timer.as_mut(), cx);
+        Poll::Pending
+    })
+    .await;
+    let (store, key, token) = lease.into_parts();
     if kept {
         let done = store
             .complete(key, token, Completion::NotReplayable, retention)

@@ -52,6 +52,7 @@
 
 mod error;
 mod key;
+mod lease;
 mod memory;
 mod record;
 
@@ -63,6 +64,7 @@ pub mod redis;
 
 pub use self::error::StoreError;
 pub use self::key::{ClaimToken, StoreKey};
+pub use self::lease::Lease;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
 pub use self::record::{ClaimOutcome, Completion, ExistingRecord, RecordState, StoredResponse};
 

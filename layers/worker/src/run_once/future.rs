@@ -11,10 +11,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 use tower_once_idempotency::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoreKey,
-    StoredResponse,
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, RecordState, StoreError,
+    StoreKey, StoredResponse,
 };
 use tower_service::Service;
 
@@ -48,7 +48,7 @@ pin_project! {
             future: S::Future,
             #[pin]
             renew_at: Sleep,
-            extend: Option<St::ExtendFuture>,
+            lease: Lease<St>,
         },
         Completing { complete: St::CompleteFuture, response: Option<S::Response> },
         Releasing { release: St::ReleaseFuture, error: Option<S::Error> },
@@ -108,7 +108,8 @@ where
             let next = match this.state.as_mut().project() {
                 StateProj::Claiming { claim, inner } => {
                     let claimed = ready!(Pin::new(claim).poll(cx));
-                    match start(claimed, inner, *this.lease) {
+                    let lease = Lease::new(this.store.clone(), *this.key, *this.token, *this.lease);
+                    match start(claimed, inner, lease) {
                         Ok(state) => state,
                         Err(output) => return Poll::Ready(output),
                     }
@@ -116,16 +117,12 @@ where
                 StateProj::Running {
                     future,
                     renew_at,
-                    extend,
+                    lease,
                 } => {
-                    let renewal = Renewal {
-                        store: this.store,
-                        key: *this.key,
-                        token: *this.token,
-                        lease: *this.lease,
+                    let Poll::Ready(result) = future.poll(cx) else {
+                        lease.poll_renew(renew_at, cx);
+                        return Poll::Pending;
                     };
-                    renewal.poll(cx, renew_at, extend);
-                    let result = ready!(future.poll(cx));
                     finish(result, this.store, *this.key, *this.token, *this.retention)
                 }
                 StateProj::Completing { complete, response } => {
@@ -136,18 +133,14 @@ where
                     }
                     return Poll::Ready(match response.take() {
                         Some(r) => Ok(RunOnceOutcome::Done(r)),
-                        None => Err(RunOnceError(Repr::Store(StoreError::corrupt(
-                            "polled after completion",
-                        )))),
+                        None => tower_once_core::polled_after_completion("ResponseFuture"),
                     });
                 }
                 StateProj::Releasing { release, error } => {
                     let _ = ready!(Pin::new(release).poll(cx));
                     return Poll::Ready(match error.take() {
                         Some(e) => Err(RunOnceError::inner(e)),
-                        None => Err(RunOnceError(Repr::Store(StoreError::corrupt(
-                            "polled after completion",
-                        )))),
+                        None => tower_once_core::polled_after_completion("ResponseFuture"),
                     });
                 }
             };
@@ -160,7 +153,7 @@ where
 fn start<S, St>(
     claimed: Result<ClaimOutcome, StoreError>,
     inner: &mut Option<(S, Job)>,
-    lease: Duration,
+    lease: Lease<St>,
 ) -> Result<State<S, St>, Output<S>>
 where
     S: Service<Job>,
@@ -185,9 +178,7 @@ where
         Err(e) => return Err(Err(RunOnceError(Repr::Store(e)))),
     }
     let Some((mut service, job)) = inner.take() else {
-        return Err(Err(RunOnceError(Repr::Store(StoreError::corrupt(
-            "polled after completion",
-        )))));
+        tower_once_core::polled_after_completion("ResponseFuture")
     };
     // The handler is called after the claim, outside the worker's `call`: put the delivery's
     // deadline back in scope so a `TimeoutLayer`/`RetryLayer` inside still sees it.
@@ -197,8 +188,8 @@ where
     };
     Ok(State::Running {
         future,
-        renew_at: tokio::time::sleep(lease / 3),
-        extend: None,
+        renew_at: tokio::time::sleep(lease.interval()),
+        lease,
     })
 }
 
@@ -227,41 +218,5 @@ where
             release: store.release(key, token),
             error: Some(error),
         },
-    }
-}
-
-/// Renews the claim's lease every third of it while the handler runs.
-struct Renewal<'a, St> {
-    store: &'a St,
-    key: StoreKey,
-    token: ClaimToken,
-    lease: Duration,
-}
-
-impl<St: IdempotencyStore> Renewal<'_, St> {
-    fn poll(
-        &self,
-        cx: &mut Context<'_>,
-        mut renew_at: Pin<&mut Sleep>,
-        extend: &mut Option<St::ExtendFuture>,
-    ) {
-        // At most two rounds: finish a pending renewal, then start (and poll) the next one.
-        for _ in 0..2 {
-            if let Some(pending) = extend {
-                match Pin::new(pending).poll(cx) {
-                    Poll::Pending => return,
-                    Poll::Ready(Ok(true)) => {}
-                    Poll::Ready(other) => {
-                        tracing::warn!(key = %self.key, ?other, "run-once: lease renewal failed");
-                    }
-                }
-                *extend = None;
-            }
-            if renew_at.as_mut().poll(cx).is_pending() {
-                return;
-            }
-            renew_at.as_mut().reset(Instant::now() + self.lease / 3);
-            *extend = Some(self.store.extend(self.key, self.token, self.lease));
-        }
     }
 }
