@@ -12,6 +12,8 @@
 
 pub mod body;
 pub mod carrier;
+pub mod outage;
+pub mod slots;
 pub mod time;
 
 /// Panics with the one message every tower-once future gives when it is polled again after it

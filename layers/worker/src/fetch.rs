@@ -9,6 +9,7 @@ use std::cmp::Reverse;
 use std::sync::PoisonError;
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::outage::Outage;
 
 /// Where the next entries come from: idle entries to take over (`XAUTOCLAIM`, its cursor kept
 /// between calls), else new ones (`XREADGROUP`).
@@ -17,7 +18,7 @@ pub(crate) struct Fetch<Conn> {
     cursor: String,
     next_claim: Instant,
     group_ready: bool,
-    failures: u32,
+    outage: Outage,
 }
 
 impl<Conn> Fetch<Conn> {
@@ -27,32 +28,30 @@ impl<Conn> Fetch<Conn> {
             cursor: "0-0".to_owned(),
             next_claim: Instant::now(),
             group_ready: false,
-            failures: 0,
+            outage: Outage::default(),
         }
     }
 
     pub(crate) fn succeeded(&mut self) {
-        if self.failures > 0 {
-            tracing::info!(failures = self.failures, "redis reachable again");
-            self.failures = 0;
+        if let Some(failures) = self.outage.recovered() {
+            tracing::info!(failures, "redis reachable again");
         }
     }
 
-    /// Logs (a warning on the 1st, 2nd, 4th, 8th... failure in a row, so an outage cannot flood
-    /// the log) and returns how long to back off.
+    /// Logs (without flooding the log: see [`Outage`]) and returns how long to back off.
     pub(crate) fn failed(&mut self, e: &WorkerError) -> Duration {
-        self.failures = self.failures.saturating_add(1);
+        let wait = self.outage.failed();
         if e.redis_code() == Some("NOGROUP") {
             // Redis lost the group (a restart without persistence): create it again.
             self.group_ready = false;
         }
-        if self.failures.is_power_of_two() {
-            tracing::warn!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
+        let failures = self.outage.failures();
+        if self.outage.should_warn() {
+            tracing::warn!(error = %e, failures, "worker cannot reach redis; retrying");
         } else {
-            tracing::debug!(error = %e, failures = self.failures, "worker cannot reach redis; retrying");
+            tracing::debug!(error = %e, failures, "worker cannot reach redis; retrying");
         }
-        let exp = self.failures.min(7);
-        Duration::from_millis(50 << exp).min(Duration::from_secs(5))
+        wait
     }
 }
 

@@ -19,6 +19,7 @@ use std::task::Context;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tower_once_core::slots::Slots;
 use tower_once_retry::classify::Classify;
 use tower_service::Service;
 
@@ -154,7 +155,7 @@ impl<S, C, Conn> Worker<S, C, Conn> {
     {
         let config = self.config;
         let concurrency = config.concurrency;
-        let refill_at = (concurrency / 4).max(1);
+        let slots = Slots::new(concurrency);
         let (acks, ack_rx) = mpsc::channel(concurrency);
         let mut acker = AbortOnDrop(tokio::spawn(consume::ack_loop(
             self.conn.clone(),
@@ -183,10 +184,10 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             if is_ready(shutdown.as_mut()) {
                 break;
             }
-            let free = concurrency - tasks.len();
+            let free = slots.free(tasks.len());
             // Refill in batches: with jobs still running, wait until a quarter of the slots is
             // free, so one read serves many jobs instead of one read per finished job.
-            if free == 0 || (free < refill_at && !tasks.is_empty()) {
+            if !slots.refill(tasks.len()) {
                 tokio::select! {
                     biased;
                     () = &mut shutdown => break,

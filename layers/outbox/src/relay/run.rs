@@ -9,6 +9,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::outage::Outage;
+use tower_once_core::slots::Slots;
 use tower_once_core::time::saturating_add;
 use tower_once_retry::classify::Classify;
 use tower_service::Service;
@@ -38,12 +40,11 @@ where
         let mut shutdown = std::pin::pin!(shutdown);
         let shared = &self.shared;
         let config = &shared.config;
-        let batch = config.batch_size as usize;
-        let refill_at = (batch / 4).max(1);
+        let slots = Slots::new(config.batch_size as usize);
         let mut report = RelayReport::default();
         let mut listener: Option<PgListener> = None;
         let mut sends = Sends::new();
-        let mut failures = 0u32;
+        let mut outage = Outage::default();
         // A claim into any free slot is wanted (start, NOTIFY, poll, a failed row due again).
         let mut wanted = true;
         // The last claim came back full: refill once a quarter of the slots is free.
@@ -62,8 +63,8 @@ where
                 }
             }
             let now = Instant::now();
-            let free = batch.saturating_sub(sends.len());
-            let refill = backlog && (free >= refill_at || sends.is_empty());
+            let free = slots.free(sends.len());
+            let refill = backlog && slots.refill(sends.len());
             if free > 0 && (wanted || refill) && retry_at.is_none_or(|at| at <= now) {
                 // Only the wait for a connection races shutdown: a claim statement, once sent,
                 // is seen through (dropping it could lease rows nobody sends).
@@ -85,31 +86,31 @@ where
                 };
                 match claimed {
                     Ok(claimed) => {
-                        failures = 0;
+                        outage.recovered();
                         retry_at = None;
                         wanted = false;
                         // As many as asked: more rows are likely due.
                         backlog = claimed == u64::from(limit);
-                        if backlog && sends.len() < batch {
+                        if backlog && slots.free(sends.len()) > 0 {
                             continue;
                         }
                     }
                     Err(e) => {
-                        failures = failures.saturating_add(1);
                         report.failed_passes += 1;
-                        let wait = Duration::from_millis(100)
-                            .saturating_mul(1 << failures.min(6))
-                            .min(Duration::from_secs(5));
+                        let wait = outage.failed();
                         // From the end of the failed claim, which may have waited long itself.
                         retry_at = Some(Instant::now() + wait);
                         wanted = true;
-                        if failures.is_power_of_two() {
+                        let failures = outage.failures();
+                        if outage.should_warn() {
                             tracing::warn!(error = %e, failures, "outbox claim failed; backing off");
+                        } else {
+                            tracing::debug!(error = %e, failures, "outbox claim failed; backing off");
                         }
                     }
                 }
             }
-            if failures == 0 && Instant::now() >= next_purge {
+            if !outage.is_down() && Instant::now() >= next_purge {
                 next_purge = Instant::now() + PURGE_EVERY;
                 self.purge().await;
             }
@@ -119,7 +120,7 @@ where
             if let Some(at) = sends.next_retry() {
                 wake = wake.min(at);
             }
-            let free = batch.saturating_sub(sends.len());
+            let free = slots.free(sends.len());
             if let Some(at) = retry_at.filter(|_| (wanted || backlog) && free > 0) {
                 wake = wake.min(at);
             }
