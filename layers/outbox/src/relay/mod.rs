@@ -3,6 +3,7 @@
 
 mod pass;
 mod run;
+mod schedule;
 mod send;
 
 use crate::classify::{Classify, SendClassifier};

@@ -1,22 +1,24 @@
 //! The relay's loop: a pass whenever rows may be due (a `NOTIFY` on insert, or the poll
-//! interval), backoff while Postgres is away, sent rows purged now and then.
+//! interval), backoff while Postgres is away, sent rows purged now and then; when each happens
+//! is the [`Schedule`]'s to say.
 
 use super::pass::Sends;
+use super::schedule::Schedule;
 use super::{OutboxRelay, RelayReport};
 use crate::message::OutboxMessage;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::Postgres;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
-use tower_once_core::outage::Outage;
 use tower_once_core::slots::Slots;
 use tower_once_core::time::saturating_add;
 use tower_once_retry::classify::Classify;
 use tower_service::Service;
 
-/// How often sent rows past `retain_sent` are purged, and how many at a time.
-const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How many sent rows past `retain_sent` are purged at a time.
 const PURGE_BATCH: i64 = 1000;
 
 impl<S, C> OutboxRelay<S, C>
@@ -32,134 +34,55 @@ where
     /// backs off (100 ms doubling to 5 s) and logs.
     ///
     /// Up to `batch_size` sends are in flight; while more rows are due, free slots are refilled
-    /// once a quarter of them is free (or none is busy). Otherwise it claims when the table's `NOTIFY` comes (sent by the
-    /// insert trigger when a transaction that enqueued commits), when a row it failed is due
-    /// again, and at least every `poll_interval` (rows other relays failed, a notification
-    /// missed while reconnecting).
+    /// once a quarter of them is free (or none is busy). Otherwise it claims when the table's
+    /// `NOTIFY` comes (sent by the insert trigger when a transaction that enqueued commits),
+    /// when a row it failed is due again, and at least every `poll_interval` (rows other relays
+    /// failed, a notification missed while reconnecting).
     pub async fn run<F: Future>(self, shutdown: F) -> RelayReport {
         let mut shutdown = std::pin::pin!(shutdown);
-        let shared = &self.shared;
-        let config = &shared.config;
-        let slots = Slots::new(config.batch_size as usize);
-        let mut report = RelayReport::default();
-        let mut listener: Option<PgListener> = None;
-        let mut sends = Sends::new();
-        let mut outage = Outage::default();
-        // A claim into any free slot is wanted (start, NOTIFY, poll, a failed row due again).
-        let mut wanted = true;
-        // The last claim came back full: refill once a quarter of the slots is free.
-        let mut backlog = false;
-        let mut retry_at: Option<Instant> = None;
-        let mut next_poll = Instant::now();
-        let mut next_purge = Instant::now();
-        tracing::info!(table = shared.outbox.table_name(), "outbox relay started");
-        'relay: loop {
-            if listener.is_none() {
+        let mut relay = RelayLoop::new(&self);
+        tracing::info!(
+            table = self.shared.outbox.table_name(),
+            "outbox relay started"
+        );
+        loop {
+            if relay.listener.is_none() {
                 // Dropping a half-made listener is harmless: shutdown does not wait for it.
                 tokio::select! {
                     biased;
-                    _ = &mut shutdown => break 'relay,
-                    made = self.listen() => listener = made,
+                    _ = &mut shutdown => break,
+                    made = self.listen() => relay.listener = made,
                 }
             }
-            let now = Instant::now();
-            let free = slots.free(sends.len());
-            let refill = backlog && slots.refill(sends.len());
-            if free > 0 && (wanted || refill) && retry_at.is_none_or(|at| at <= now) {
+            if let Some(limit) = relay.schedule.claim_now(relay.sends.len(), Instant::now()) {
                 // Only the wait for a connection races shutdown: a claim statement, once sent,
                 // is seen through (dropping it could lease rows nobody sends).
                 let acquired = tokio::select! {
                     biased;
-                    _ = &mut shutdown => break 'relay,
-                    conn = shared.outbox.pool().acquire() => conn,
+                    _ = &mut shutdown => break,
+                    conn = self.shared.outbox.pool().acquire() => conn,
                 };
-                report.passes += 1;
-                next_poll = Instant::now() + config.poll_interval;
-                let limit = u32::try_from(free).unwrap_or(u32::MAX);
-                let claimed = match acquired {
-                    Ok(mut conn) => {
-                        sends
-                            .claim(shared, &mut conn, &self.sender, limit, &mut report.totals)
-                            .await
-                    }
-                    Err(e) => Err(e.into()),
-                };
-                match claimed {
-                    Ok(claimed) => {
-                        outage.recovered();
-                        retry_at = None;
-                        wanted = false;
-                        // As many as asked: more rows are likely due.
-                        backlog = claimed == u64::from(limit);
-                        if backlog && slots.free(sends.len()) > 0 {
-                            continue;
-                        }
-                    }
-                    Err(e) => {
-                        report.failed_passes += 1;
-                        let wait = outage.failed();
-                        // From the end of the failed claim, which may have waited long itself.
-                        retry_at = Some(Instant::now() + wait);
-                        wanted = true;
-                        let failures = outage.failures();
-                        if outage.should_warn() {
-                            tracing::warn!(error = %e, failures, "outbox claim failed; backing off");
-                        } else {
-                            tracing::debug!(error = %e, failures, "outbox claim failed; backing off");
-                        }
-                    }
+                if relay.claim(acquired, limit).await {
+                    continue;
                 }
             }
-            if !outage.is_down() && Instant::now() >= next_purge {
-                next_purge = Instant::now() + PURGE_EVERY;
+            if relay.schedule.purge_now(Instant::now()) {
                 self.purge().await;
             }
-            // NOTE: every moment here is in the future or acted on when it fires, so the loop
-            // never spins: a claim that cannot be made now waits for a send or the next poll.
-            let mut wake = next_poll;
-            if let Some(at) = sends.next_retry() {
-                wake = wake.min(at);
-            }
-            let free = slots.free(sends.len());
-            if let Some(at) = retry_at.filter(|_| (wanted || backlog) && free > 0) {
-                wake = wake.min(at);
-            }
+            let wake = relay
+                .schedule
+                .wake_at(relay.sends.len(), relay.sends.next_retry());
             tokio::select! {
                 biased;
-                _ = &mut shutdown => break 'relay,
-                done = sends.next_done() => sends.record(done, shared, &mut report.totals).await,
-                woke = recv(&mut listener) => {
-                    if !woke {
-                        listener = None;
-                    }
-                    wanted = true;
+                _ = &mut shutdown => break,
+                done = relay.sends.next_done() => {
+                    relay.sends.record(done, &self.shared, &mut relay.report.totals).await;
                 }
-                () = tokio::time::sleep_until(wake) => {
-                    let now = Instant::now();
-                    if sends.take_due_retries(now) {
-                        wanted = true;
-                    }
-                    if next_poll <= now {
-                        next_poll = now + config.poll_interval;
-                        wanted = true;
-                    }
-                    if retry_at.is_some_and(|at| at <= now) {
-                        wanted = true;
-                    }
-                }
+                woke = recv(&mut relay.listener) => relay.notified(woke),
+                () = tokio::time::sleep_until(wake) => relay.woke(),
             }
         }
-        // Shutdown: no new claims; sends in flight get the grace period, then are released.
-        let grace = saturating_add(Instant::now(), config.shutdown_grace);
-        while !sends.is_empty() {
-            tokio::select! {
-                done = sends.next_done() => sends.record(done, shared, &mut report.totals).await,
-                () = tokio::time::sleep_until(grace) => break,
-            }
-        }
-        sends.release_all(shared, &mut report.totals).await;
-        tracing::info!(?report, "outbox relay stopped");
-        report
+        relay.shut_down().await
     }
 
     /// Listens on the table's channel; `None` (polling only) if that fails for now.
@@ -203,6 +126,112 @@ where
         if let Err(e) = purged {
             tracing::debug!(error = %e, "could not purge sent rows");
         }
+    }
+}
+
+/// The relay's loop between its steps (tower's `buffer/worker.rs` shape): what it runs, what
+/// it has done, and its [`Schedule`].
+struct RelayLoop<'r, S, C> {
+    relay: &'r OutboxRelay<S, C>,
+    schedule: Schedule,
+    listener: Option<PgListener>,
+    sends: Sends,
+    report: RelayReport,
+}
+
+impl<'r, S, C> RelayLoop<'r, S, C>
+where
+    S: Service<OutboxMessage> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: fmt::Display + Send + 'static,
+    C: Classify<S::Response, S::Error> + Send + Sync + 'static,
+{
+    fn new(relay: &'r OutboxRelay<S, C>) -> Self {
+        let config = &relay.shared.config;
+        Self {
+            relay,
+            schedule: Schedule::new(
+                Slots::new(config.batch_size as usize),
+                config.poll_interval,
+                Instant::now(),
+            ),
+            listener: None,
+            sends: Sends::new(),
+            report: RelayReport::default(),
+        }
+    }
+
+    /// Claims up to `limit` due rows into free send slots. Returns whether to claim again at
+    /// once (the claim came back full).
+    async fn claim(
+        &mut self,
+        acquired: Result<PoolConnection<Postgres>, sqlx::Error>,
+        limit: u32,
+    ) -> bool {
+        let shared = &self.relay.shared;
+        self.report.passes += 1;
+        self.schedule.claiming(Instant::now());
+        let claimed = match acquired {
+            Ok(mut conn) => {
+                self.sends
+                    .claim(
+                        shared,
+                        &mut conn,
+                        &self.relay.sender,
+                        limit,
+                        &mut self.report.totals,
+                    )
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        match claimed {
+            Ok(claimed) => self.schedule.claimed(claimed, limit, self.sends.len()),
+            Err(e) => {
+                self.report.failed_passes += 1;
+                // From the end of the failed claim, which may have waited long itself.
+                let (failures, warn) = self.schedule.claim_failed(Instant::now());
+                if warn {
+                    tracing::warn!(error = %e, failures, "outbox claim failed; backing off");
+                } else {
+                    tracing::debug!(error = %e, failures, "outbox claim failed; backing off");
+                }
+                false
+            }
+        }
+    }
+
+    /// A notification came (`true`), or the listener broke (`false`: listen again).
+    fn notified(&mut self, woke: bool) {
+        if !woke {
+            self.listener = None;
+        }
+        self.schedule.notified();
+    }
+
+    /// The wake-up time came.
+    fn woke(&mut self) {
+        let now = Instant::now();
+        let rows_due = self.sends.take_due_retries(now);
+        self.schedule.woke(now, rows_due);
+    }
+
+    /// No new claims; sends in flight get the grace period, then are released.
+    async fn shut_down(mut self) -> RelayReport {
+        let shared = &self.relay.shared;
+        let grace = saturating_add(Instant::now(), shared.config.shutdown_grace);
+        while !self.sends.is_empty() {
+            tokio::select! {
+                done = self.sends.next_done() => self.sends.record(done, shared, &mut self.report.totals).await,
+                () = tokio::time::sleep_until(grace) => break,
+            }
+        }
+        self.sends
+            .release_all(shared, &mut self.report.totals)
+            .await;
+        tracing::info!(report = ?self.report, "outbox relay stopped");
+        self.report
     }
 }
 
