@@ -1139,7 +1139,7 @@ fn streaming_handler(
     Req,
     Response = Response<StreamBody<Frames>>,
     Error = &'static str,
-    Future = impl Send,
+    Future = impl Future<Output = Result<Response<StreamBody<Frames>>, &'static str>> + Send,
 > + Clone
        + Send
        + 'static {

@@ -9,29 +9,29 @@ use std::task::{ready, Context, Poll};
 /// A covered request's future, boxed so that it can move to a task of its own: if the request
 /// is dropped while the handler runs, the handler still runs to completion and its response is
 /// stored (unless cancellation was chosen), on a task counted by the layer's [`Detached`].
-pub(super) struct FinishOnDrop<Fut: Unfinished> {
+pub(super) struct FinishOnDrop<Fut: Unfinished + ?Sized> {
     future: Option<Pin<Box<Fut>>>,
     finish: Option<fn(Pin<Box<Fut>>)>,
 }
 
 /// A future that knows whether dropping it now would cut work already started, and which
 /// [`Detached`] counts the task that would finish it.
-pub(super) trait Unfinished {
+pub(crate) trait Unfinished {
     fn is_unfinished(&self) -> bool;
     fn background(&self) -> &Detached;
 }
 
-impl<Fut: Unfinished + Future + Send + 'static> FinishOnDrop<Fut> {
+impl<Fut: Unfinished + Future + Send + ?Sized + 'static> FinishOnDrop<Fut> {
     /// `finish`: whether dropping the request finishes its handler (rather than cancelling it).
-    pub(super) fn new(future: Fut, finish: bool) -> Self {
+    pub(super) fn new(future: Pin<Box<Fut>>, finish: bool) -> Self {
         Self {
-            future: Some(Box::pin(future)),
+            future: Some(future),
             finish: finish.then_some(finish_on_task::<Fut> as fn(Pin<Box<Fut>>)),
         }
     }
 }
 
-fn finish_on_task<Fut: Unfinished + Future + Send + 'static>(future: Pin<Box<Fut>>) {
+fn finish_on_task<Fut: Unfinished + Future + Send + ?Sized + 'static>(future: Pin<Box<Fut>>) {
     tracing::debug!("request dropped while its handler runs; finishing it on a task of its own");
     let background = future.background().clone();
     background.spawn(async move {
@@ -39,7 +39,7 @@ fn finish_on_task<Fut: Unfinished + Future + Send + 'static>(future: Pin<Box<Fut
     });
 }
 
-impl<Fut: Unfinished + Future> FinishOnDrop<Fut> {
+impl<Fut: Unfinished + Future + ?Sized> FinishOnDrop<Fut> {
     pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Fut::Output> {
         let Some(future) = self.future.as_mut() else {
             tower_once_core::polled_after_completion("ResponseFuture")
@@ -50,7 +50,7 @@ impl<Fut: Unfinished + Future> FinishOnDrop<Fut> {
     }
 }
 
-impl<Fut: Unfinished> Drop for FinishOnDrop<Fut> {
+impl<Fut: Unfinished + ?Sized> Drop for FinishOnDrop<Fut> {
     fn drop(&mut self) {
         if let (Some(future), Some(finish)) = (self.future.take(), self.finish) {
             if future.is_unfinished() {

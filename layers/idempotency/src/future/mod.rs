@@ -14,7 +14,7 @@ mod streaming;
 pub(crate) use self::replay::problem;
 
 use self::covered::CoveredFuture;
-use self::finish_on_drop::FinishOnDrop;
+use self::finish_on_drop::{FinishOnDrop, Unfinished};
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::Fingerprinter;
@@ -34,36 +34,41 @@ use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 
 pin_project! {
-    /// Response future of [`Idempotency`](crate::Idempotency).
-    pub struct ResponseFuture<S, ReqB, ResB, St, F, P>
+    /// Response future of [`Idempotency`](crate::Idempotency): `F` is the inner service's
+    /// future, `B` its response body, `E` its error.
+    pub struct ResponseFuture<F, B, E>
     where
-        ReqB: Body,
-        ResB: Body,
-        S: Service<Request<RequestBody<ReqB>>>,
-        St: IdempotencyStore,
+        B: Body,
     {
         #[pin]
-        kind: Kind<S::Future, ResB, FinishOnDrop<CoveredFuture<S, ReqB, ResB, St, F, P>>>,
+        kind: Kind<F, B, E>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<Fut, ResB: Body, Cov> {
-        Passthrough { #[pin] future: Fut },
-        Respond { response: Option<Response<ResponseBody<ResB>>> },
-        Covered { future: Cov },
+    enum Kind<F, B: Body, E> {
+        Passthrough { #[pin] future: F },
+        Respond { response: Option<Response<ResponseBody<B>>> },
+        // NOTE: boxed anyway (it may move to a task of its own), so its many type parameters
+        // (store, fingerprint, predicate, request body, service) hide behind the box.
+        Covered { future: FinishOnDrop<dyn Covered<B, E>> },
     }
 }
 
-impl<S, ReqB, ResB, St, F, P> ResponseFuture<S, ReqB, ResB, St, F, P>
-where
-    ReqB: Body,
-    ResB: Body,
-    S: Service<Request<RequestBody<ReqB>>>,
-    St: IdempotencyStore,
+/// A covered request's future, with the types it is made of erased.
+pub(crate) trait Covered<B: Body, E>:
+    Future<Output = Result<Response<ResponseBody<B>>, E>> + Unfinished + Send
 {
-    pub(crate) fn passthrough(future: S::Future) -> Self {
+}
+
+impl<T, B: Body, E> Covered<B, E> for T where
+    T: Future<Output = Result<Response<ResponseBody<B>>, E>> + Unfinished + Send
+{
+}
+
+impl<F, B: Body, E> ResponseFuture<F, B, E> {
+    pub(crate) fn passthrough(future: F) -> Self {
         Self {
             kind: Kind::Passthrough { future },
         }
@@ -90,30 +95,31 @@ where
             },
         }
     }
-}
 
-impl<S, ReqB, ResB, St, F, P> ResponseFuture<S, ReqB, ResB, St, F, P>
-where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqB: Body<Data = Bytes> + Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Send,
-    St: IdempotencyStore,
-    F: Fingerprinter + Send + Sync + 'static,
-    P: StorePredicate + Send + Sync + 'static,
-{
-    pub(crate) fn covered(
+    pub(crate) fn covered<S, ReqB, St, Fp, P>(
         service: S,
         store: St,
-        config: Arc<Config<F, P>>,
+        config: Arc<Config<Fp, P>>,
         key: StoreKey,
         parts: request::Parts,
         body: ReqB,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<B>, Future = F, Error = E>
+            + Send
+            + 'static,
+        F: Send + 'static,
+        E: Send + 'static,
+        ReqB: Body<Data = Bytes> + Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Send,
+        St: IdempotencyStore,
+        Fp: Fingerprinter + Send + Sync + 'static,
+        P: StorePredicate + Send + Sync + 'static,
+    {
         let cancel = config.settings.cancel_on_disconnect;
-        let future = CoveredFuture::new(service, store, config, key, parts, body);
+        let future: Pin<Box<dyn Covered<B, E>>> =
+            Box::pin(CoveredFuture::new(service, store, config, key, parts, body));
         Self {
             kind: Kind::Covered {
                 future: FinishOnDrop::new(future, !cancel),
@@ -122,16 +128,12 @@ where
     }
 }
 
-impl<S, ReqB, ResB, St, F, P> Future for ResponseFuture<S, ReqB, ResB, St, F, P>
+impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
-    ReqB: Body<Data = Bytes>,
-    ResB: Body<Data = Bytes>,
-    St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes>,
 {
-    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
@@ -145,5 +147,18 @@ where
             },
             KindProj::Covered { future } => future.poll(cx),
         }
+    }
+}
+
+impl<F, B: Body, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Passthrough { .. } => "passthrough",
+            Kind::Respond { .. } => "respond",
+            Kind::Covered { .. } => "covered",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
     }
 }
