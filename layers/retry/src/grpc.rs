@@ -71,6 +71,23 @@ pub struct GrpcTrailers<S> {
     limit: usize,
 }
 
+impl<S> GrpcTrailers<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, B, ResB> Service<Request<B>> for GrpcTrailers<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,

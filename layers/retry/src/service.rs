@@ -27,6 +27,11 @@ impl<S, C, H> Retry<S, C, H> {
         &self.inner
     }
 
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
     /// The inner service, consuming this one.
     pub fn into_inner(self) -> S {
         self.inner

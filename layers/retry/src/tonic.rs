@@ -84,6 +84,23 @@ pub struct TonicBody<S> {
     inner: S,
 }
 
+impl<S> TonicBody<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, B> Service<http::Request<B>> for TonicBody<S>
 where
     S: Service<http::Request<tonic::body::Body>>,
@@ -126,6 +143,23 @@ impl<S> Layer<S> for GrpcStatusLayer {
 #[derive(Debug, Clone)]
 pub struct GrpcStatus<S> {
     inner: S,
+}
+
+impl<S> GrpcStatus<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S, Req, E> Service<Req> for GrpcStatus<S>

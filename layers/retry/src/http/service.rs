@@ -26,6 +26,23 @@ pub struct HttpRetry<S, C = HttpClassifier, H = ()> {
     pub(super) stamp: bool,
 }
 
+impl<S, C, H> HttpRetry<S, C, H> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S: Clone, C, H> Clone for HttpRetry<S, C, H> {
     fn clone(&self) -> Self {
         Self {

@@ -1,3 +1,5 @@
+//! The client side: [`HttpTimeoutLayer`], its service and its future.
+
 use super::body::TimeoutBody;
 use crate::cap::Cap;
 use crate::deadline::Deadline;
@@ -91,6 +93,23 @@ impl<S> Layer<S> for HttpTimeoutLayer {
 pub struct HttpTimeout<S> {
     inner: S,
     config: HttpTimeoutLayer,
+}
+
+impl<S> HttpTimeout<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S, B, ResB> Service<Request<B>> for HttpTimeout<S>

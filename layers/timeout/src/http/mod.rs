@@ -10,9 +10,10 @@
 //! | time left sent downstream | scope, extension (carriers) | scope, extension, `grpc-timeout` or a header (opt-in) | scope, extension for the handler |
 
 mod body;
-mod client;
-mod server;
+pub mod client;
+pub mod server;
 
 pub use self::body::TimeoutBody;
-pub use self::client::{HttpTimeout, HttpTimeoutLayer, ResponseFuture};
-pub use self::server::{ServerFuture, ServerTimeout, ServerTimeoutLayer};
+pub use self::client::{HttpTimeout, HttpTimeoutLayer};
+pub use self::server::{ServerTimeout, ServerTimeoutLayer};
+

@@ -1,3 +1,5 @@
+//! The server side: [`ServerTimeoutLayer`], its service and its future.
+
 use super::body::TimeoutBody;
 use crate::cap::Cap;
 use crate::deadline::{earliest, Deadline};
@@ -92,13 +94,30 @@ pub struct ServerTimeout<S> {
     config: ServerTimeoutLayer,
 }
 
+impl<S> ServerTimeout<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, B, ResB> Service<Request<B>> for ServerTimeout<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
 {
     type Response = Response<TimeoutBody<ResB>>;
     type Error = S::Error;
-    type Future = ServerFuture<S::Future>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -116,7 +135,7 @@ where
         let is_grpc = tower_once_core::grpc::is_grpc(req.headers());
         let expired = expired_response(self.config.status, is_grpc);
         if cap.is_spent() {
-            return ServerFuture {
+            return ResponseFuture {
                 kind: Kind::Expired {
                     response: Some(expired),
                 },
@@ -125,7 +144,7 @@ where
         let deadline = Deadline::at(cap.until);
         req.extensions_mut().insert(deadline);
         let inner = deadline.scope(|| self.inner.call(req));
-        ServerFuture {
+        ResponseFuture {
             kind: Kind::Running {
                 inner,
                 sleep: tokio::time::sleep_until(cap.until),
@@ -148,7 +167,7 @@ fn expired_response(status: StatusCode, grpc: bool) -> Response<()> {
 
 pin_project! {
     /// Response future of [`ServerTimeout`].
-    pub struct ServerFuture<F> {
+    pub struct ResponseFuture<F> {
         #[pin]
         kind: Kind<F>,
     }
@@ -167,7 +186,7 @@ pin_project! {
     }
 }
 
-impl<F, ResB, E> Future for ServerFuture<F>
+impl<F, ResB, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<ResB>, E>>,
 {
@@ -199,7 +218,7 @@ where
         };
         match expired {
             Some(response) => Poll::Ready(Ok(response.map(|()| TimeoutBody::empty()))),
-            None => panic!("ServerFuture polled after completion"),
+            None => tower_once_core::polled_after_completion("ResponseFuture"),
         }
     }
 }

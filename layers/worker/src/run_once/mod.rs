@@ -141,6 +141,28 @@ pub struct RunOnce<S, St> {
     retention: Duration,
 }
 
+impl<S, St> RunOnce<S, St> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The store of the run-once records.
+    pub fn store_ref(&self) -> &St {
+        &self.store
+    }
+}
+
 impl<S, St> Service<Job> for RunOnce<S, St>
 where
     S: Service<Job> + Clone,
