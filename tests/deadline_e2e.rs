@@ -81,3 +81,64 @@ async fn a_keyed_post_still_running_at_the_deadline_is_a_typed_error_with_its_ke
         "the handler ran once"
     );
 }
+
+/// BREAK: the same keyed POST, with the stack's usual shape where the per-attempt timeout is
+/// longer than what is left of the deadline (5 s per attempt, 1 s for the operation): the
+/// deadline passes during the first attempt, the `HttpTimeoutLayer` below cuts it there (its
+/// cap is the time left), and the retry layer returns that `Elapsed` as the inner error of a
+/// deadline give-up. `RetryError::may_have_executed()` only looks for an error without an
+/// inner one (error.rs), so it answers `false` for an attempt the deadline cut mid-flight, and
+/// the error's text neither says the operation may still complete nor gives the key, while
+/// the handler is still charging on the server (operation.rs `next_delay` / future.rs keep the
+/// attempt's `Elapsed`; error.rs `may_have_executed` and `Outline`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_post_cut_at_the_deadline_by_the_attempt_timeout_may_have_executed() {
+    let ledger = Ledger::memory();
+    let app = app::router(MemoryStore::new(), Duration::from_secs(10), ledger.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let transport = Client::builder(TokioExecutor::new()).build_http();
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .deadline(Duration::from_secs(1))
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(5)))
+        .service(transport);
+    let body = r#"{"order_id":"cut","amount":900}"#;
+    let charge = Request::post(format!("http://{addr}/charges?delay_ms=2000"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let err = client
+        .oneshot(charge)
+        .await
+        .expect_err("no answer came before the deadline");
+    let text = err.to_string();
+    assert!(err.is_deadline(), "{text}");
+    assert_eq!(err.attempts(), 1, "{text}");
+    let key = err
+        .idempotency_key()
+        .expect("the stamped key, to fetch the result later")
+        .to_owned();
+
+    // The handler was running when the deadline came: it charges once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        ledger.charges().await.unwrap().len(),
+        1,
+        "the handler ran once"
+    );
+    assert!(
+        err.may_have_executed(),
+        "the attempt the deadline cut was still running on the server: {text}"
+    );
+    assert!(
+        text.contains("may still complete") && text.contains(&key),
+        "the error says so and gives the key: {text}"
+    );
+}
