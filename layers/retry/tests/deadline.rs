@@ -204,3 +204,32 @@ async fn a_deadline_on_a_tonic_request_crosses_a_buffer_and_a_task() {
     assert_eq!(calls.load(SeqCst), 1, "{err}");
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
+
+/// BREAK: "no attempt once the enclosing deadline has passed" (README; crate docs). An
+/// operation whose request carries a deadline is called while time is left and first polled
+/// after the deadline passed (futures made up front and awaited one after another; a spawned
+/// call the runtime schedules late): its first attempt still starts. `Operation::is_expired`
+/// (operation.rs) compares the deadline with the clock reading taken at `call` for the first
+/// attempt ("the first attempt needs no other reading"), not with the time the attempt
+/// starts.
+#[tokio::test(start_paused = true)]
+async fn an_operation_first_polled_after_its_deadline_makes_no_attempt() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RetryLayer::new()
+        .no_budget()
+        .layer(failing::<Request<Full<Bytes>>>(calls.clone()));
+    let deadline = Deadline::after(Duration::from_millis(100));
+    let first = svc.ready().await.unwrap().call(get(Some(deadline)));
+    let second = svc.ready().await.unwrap().call(get(Some(deadline)));
+    let _ = first.await;
+    let after_first = calls.load(SeqCst);
+    // The caller is busy elsewhere until the deadline has passed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = second.await.unwrap_err();
+    assert_eq!(
+        calls.load(SeqCst) - after_first,
+        0,
+        "an attempt started 100 ms after the deadline: {err}"
+    );
+    assert!(err.is_deadline() && err.attempts() == 0, "{err}");
+}
