@@ -524,3 +524,95 @@ async fn retries_above_and_below_a_sender_on_another_task_do_not_multiply() {
         "one request per attempt of the outer retry layer, not {seen}"
     );
 }
+
+/// HOLDS: a client below the sender that retries and stamps keys
+/// (`stamp_idempotency_keys(true)`) still sends the dedupe key, the same on every attempt and
+/// every relay pass; `500`, `502`, `504` and `408` are never counted as sent, and the row
+/// keeps its attempts until a `201` marks it sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_never_sent_and_every_attempt_carries_the_dedupe_key() {
+    let db = Database::new().await;
+    let outbox = db.outbox().await;
+    let script = [
+        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::BAD_GATEWAY,
+        StatusCode::GATEWAY_TIMEOUT,
+        StatusCode::REQUEST_TIMEOUT,
+    ]
+    .map(|status| (status, vec![], "no"));
+    let provider = Provider::start(script.to_vec()).await;
+    enqueue_in(&db.pool, &outbox, "email", "order-10:mail", "{}").await;
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .max_attempts(2)
+                .backoff(quick_backoff())
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(5)))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let sender = HttpSender::new(client).route("email", provider.route());
+    let relay = OutboxRelay::new(outbox.clone(), quick(), sender).unwrap();
+
+    let first = relay.pass().await.unwrap();
+    assert_eq!(
+        (first.sent, first.failed),
+        (0, 1),
+        "500 then 502: {first:?}"
+    );
+    let second = pass_claiming(&relay).await;
+    assert_eq!(
+        (second.sent, second.failed),
+        (0, 1),
+        "504 then 408: {second:?}"
+    );
+    assert_eq!(outbox.stats().await.unwrap().sent, 0);
+    let third = pass_claiming(&relay).await;
+    assert_eq!(third.sent, 1, "{third:?}");
+    let (attempts, sent, parked): (i32, bool, bool) = sqlx::query_as(
+        "SELECT attempts, sent_at IS NOT NULL, parked_at IS NOT NULL FROM outbox \
+         WHERE dedupe_key = 'order-10:mail'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, sent, parked), (2, true, false));
+    let keys: Vec<_> = provider.seen().into_iter().map(|s| s.key).collect();
+    assert_eq!(
+        keys,
+        vec![Some("order-10:mail".to_owned()); 5],
+        "one delivery, 5 requests"
+    );
+}
+
+/// BREAK (the README and the crate docs disagree): the README's `HttpSender` table says only
+/// a `2xx` marks the row sent and "any other status" parks it; the `http` module's table, and
+/// the code, make a `3xx` a delivery (classify.rs, `HttpClassifier`: redirections are
+/// `Success`; http/future.rs `Read::finish`). A provider that answers `308 Permanent Redirect`
+/// (an `http://` route to a provider that moved to `https://`) accepted nothing, the client
+/// does not follow it, and the relay marks the message sent: it is never delivered and never
+/// parked for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_not_a_delivery() {
+    let db = Database::new().await;
+    let outbox = db.outbox().await;
+    let moved = (
+        StatusCode::PERMANENT_REDIRECT,
+        vec![("location", "https://mail.example.com/v1/send")],
+        "",
+    );
+    let provider = Provider::start(vec![moved]).await;
+    enqueue_in(&db.pool, &outbox, "email", "order-11:mail", "{}").await;
+    let sender = HttpSender::new(client()).route("email", provider.route());
+    let relay = OutboxRelay::new(outbox.clone(), quick(), sender).unwrap();
+    let report = relay.pass().await.unwrap();
+    assert_eq!(provider.seen().len(), 1);
+    assert_eq!(
+        (report.sent, outbox.stats().await.unwrap().sent),
+        (0, 0),
+        "a 308 marked the message sent: {report:?}"
+    );
+    assert_eq!(report.parked, 1, "{report:?}");
+}
