@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_once_idempotency::fingerprint::Fingerprint;
 use tower_once_idempotency::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, MemoryStore, StoreError, StoreKey,
+    ClaimToken, Completion, IdempotencyStore, MemoryStore, StoreError, StoreKey,
 };
 use tower_once_idempotency::IdempotencyLayer;
 

@@ -172,11 +172,10 @@ proptest! {
 /// The charge API nested under `/accounts/{id}` and `/v2/accounts/{id}`, with the layer
 /// outside the whole `Router` (a `tower::Layer` around it), one store; and a sender of keyed
 /// POSTs to it that returns (status, replayed, body).
-fn outside_the_router(
-    runs: Runs,
-) -> impl Fn(
-    &'static str,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = (StatusCode, bool, String)>>> {
+type Answer = (StatusCode, bool, String);
+type Sent = std::pin::Pin<Box<dyn std::future::Future<Output = Answer>>>;
+
+fn outside_the_router(runs: Runs) -> impl Fn(&'static str) -> Sent {
     use tower::Layer;
     let charge = move |Path(id): Path<String>| {
         let n = runs.0.fetch_add(1, SeqCst) + 1;
