@@ -230,3 +230,170 @@ async fn the_clients_error_says_deadline_attempts_and_key() {
     let bad = client.get("not a url").send().await.unwrap_err();
     assert!(bad.is_builder() && bad.reqwest().is_some() && bad.attempts() == 0);
 }
+
+/// A provider that answers every request `503` and notes its method and `Idempotency-Key`.
+async fn always_busy() -> (String, Arc<Mutex<Vec<(http::Method, Option<String>)>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let noted = seen.clone();
+    let app =
+        axum::Router::new().fallback(move |method: http::Method, headers: http::HeaderMap| {
+            let key = headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            noted.lock().unwrap().push((method, key));
+            async { (http::StatusCode::SERVICE_UNAVAILABLE, "busy") }
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), seen)
+}
+
+fn quick() -> tower_once::retry::backoff::Backoff {
+    tower_once::retry::backoff::Backoff::new(
+        Duration::from_millis(1),
+        1.0,
+        Duration::from_millis(1),
+    )
+    .unwrap()
+}
+
+/// HOLDS (README "reqwest clients", `http::SafeToRetry`): through `retry::reqwest::Client`, an
+/// unkeyed `POST` or `PATCH` is sent once (its `503` is the answer); a `safe_to_retry()` one is
+/// retried and carries no key even with key stamping on; a stamped or keyed one is retried with
+/// one key on every attempt; a `PUT` is retried without a key.
+#[tokio::test]
+async fn only_safe_or_keyed_requests_are_retried_and_safe_ones_get_no_key() {
+    use tower_once::retry::reqwest::Client;
+    let (base, seen) = always_busy().await;
+    let plain = Client::builder(reqwest::Client::new())
+        .retry(RetryLayer::new().no_budget().backoff(quick()).into_http())
+        .build();
+    let stamping = Client::builder(reqwest::Client::new())
+        .retry(
+            RetryLayer::new()
+                .no_budget()
+                .backoff(quick())
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .build();
+    let take = || std::mem::take(&mut *seen.lock().unwrap());
+
+    for response in [
+        plain
+            .post(format!("{base}/c"))
+            .json(&1)
+            .send()
+            .await
+            .unwrap(),
+        plain
+            .patch(format!("{base}/c"))
+            .json(&1)
+            .send()
+            .await
+            .unwrap(),
+    ] {
+        assert_eq!(response.status(), 503);
+    }
+    let once = take();
+    assert_eq!(once.len(), 2, "one request each: {once:?}");
+    assert!(once.iter().all(|(_, key)| key.is_none()));
+
+    let safe = stamping
+        .post(format!("{base}/complete"))
+        .json(&"hello")
+        .safe_to_retry()
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(safe.status(), 503);
+    let safe = take();
+    assert_eq!(safe.len(), 4, "retried: {safe:?}");
+    assert!(
+        safe.iter().all(|(_, key)| key.is_none()),
+        "no key: {safe:?}"
+    );
+
+    let stamped = stamping.patch(format!("{base}/c")).json(&1).send().await;
+    assert_eq!(stamped.unwrap().status(), 503);
+    let stamped = take();
+    assert_eq!(stamped.len(), 4, "{stamped:?}");
+    assert!(stamped[0].1.is_some() && stamped.iter().all(|(_, k)| *k == stamped[0].1));
+
+    let keyed = plain
+        .post(format!("{base}/c"))
+        .idempotency_key("order-77")
+        .json(&1)
+        .send()
+        .await;
+    assert_eq!(keyed.unwrap().status(), 503);
+    let keyed = take();
+    assert_eq!(keyed.len(), 4);
+    assert!(keyed.iter().all(|(_, k)| k.as_deref() == Some("order-77")));
+
+    let put = plain.put(format!("{base}/c")).json(&1).send().await;
+    assert_eq!(put.unwrap().status(), 503);
+    let put = take();
+    assert_eq!(put.len(), 4);
+    assert!(put
+        .iter()
+        .all(|(m, k)| *m == http::Method::PUT && k.is_none()));
+}
+
+/// HOLDS: the client's error keeps reqwest's: a connection refused on every attempt of a `GET`
+/// is `reqwest().is_connect()`, with its attempts in the error and its text; and clones of one
+/// client share its retry budget (3 retries per 3 s here): once one clone has spent it, another
+/// clone's request on another task is not retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_keep_reqwests_and_clones_share_the_budget() {
+    use tower_once::retry::budget::RetryBudget;
+    use tower_once::retry::reqwest::Client;
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    }; // closed again: nothing listens there
+    let client = Client::builder(reqwest::Client::new())
+        .retry(RetryLayer::new().no_budget().backoff(quick()).into_http())
+        .build();
+    let err = client
+        .get(format!("http://{refused}/x"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        err.reqwest().is_some_and(reqwest::Error::is_connect),
+        "{err:?}"
+    );
+    assert_eq!(err.attempts(), 4);
+    assert!(err.to_string().contains("4 attempts"), "{err}");
+    assert!(!err.is_deadline() && !err.may_have_executed(), "{err}");
+
+    let (base, seen) = always_busy().await;
+    let shared = Client::builder(reqwest::Client::new())
+        .retry(
+            RetryLayer::new()
+                .budget(RetryBudget::new(0.0, 1, Duration::from_secs(3)))
+                .backoff(quick())
+                .into_http(),
+        )
+        .build();
+    let first = shared.clone();
+    let url = format!("{base}/report");
+    let r = first.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(seen.lock().unwrap().len(), 4, "3 retries: the budget");
+    let second = shared.clone();
+    let url2 = url.clone();
+    let r = tokio::spawn(async move { second.get(&url2).send().await })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        5,
+        "the other clone found the budget spent: one request"
+    );
+}

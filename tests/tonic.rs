@@ -390,3 +390,120 @@ async fn a_call_still_running_at_the_deadline_is_deadline_exceeded_with_its_key(
     assert_eq!(reply, "charge #0");
     assert_eq!(charges.runs.load(SeqCst), 1, "the handler ran once");
 }
+
+/// BREAK: a call the server is still running when the client runs out of *attempts* (not
+/// time). The README ("Retries that cannot become a storm", the `409` row) promises: "if the
+/// deadline or the attempts run out first, `Err(RetryError)` with `is_in_progress()` ... (gRPC:
+/// `DEADLINE_EXCEEDED`, the key in its metadata)". `GrpcStatusLayer` answers `UNAVAILABLE`
+/// instead (tonic.rs, `to_status`: `(false, _, Err(_)) => Status::unavailable`), the status a
+/// gRPC caller retries as "nothing happened" — with a freshly stamped key, a second charge.
+#[tokio::test]
+async fn a_call_still_running_when_the_attempts_run_out_is_deadline_exceeded_with_its_key() {
+    let charges = Charges::default();
+    let url = server(charges.clone()).await;
+    let first = {
+        let client = client(url.clone()).await;
+        tokio::spawn(async move { create(&client, b"slower", Some("order-11")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Two attempts, a long deadline: the attempts run out (the pushback is about 1 s, the
+    // handler takes 1.5 s).
+    let channel = tonic::transport::Channel::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let impatient: Client = ServiceBuilder::new()
+        .layer(GrpcStatusLayer::new())
+        .layer(
+            RetryLayer::new()
+                .classify(HttpClassifier)
+                .max_attempts(2)
+                .deadline(Duration::from_secs(10))
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(5)).propagate_grpc_timeout())
+        .layer(TonicBodyLayer::new())
+        .service(channel);
+    let err = create(&impatient, b"slower", Some("order-11"))
+        .await
+        .unwrap_err();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first, "charge #0");
+    assert_eq!(
+        charges.runs.load(SeqCst),
+        1,
+        "the duplicate never ran the handler"
+    );
+    assert!(err.message().contains("may still complete"), "{err:?}");
+    assert_eq!(
+        err.metadata()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok()),
+        Some("order-11"),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+}
+
+/// HOLDS: scopes fail closed over gRPC (the idempotency crate's `scope` module: "gRPC
+/// `UNAUTHENTICATED`"): on a tonic server whose `IdempotencyLayer` is scoped by an
+/// `x-tenant-id` header, a keyed call without the tenant is `UNAUTHENTICATED` and runs
+/// nothing; two tenants with one key run their own calls; a tenant's repeat is replayed.
+#[tokio::test]
+async fn grpc_calls_without_a_tenant_are_unauthenticated_and_tenants_never_share() {
+    let charges = Charges::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(
+                IdempotencyLayer::new().scope(tower_once::idempotency::scope::HeaderScope::new(
+                    "x-tenant-id",
+                )),
+            )
+            .add_service(charges.clone())
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let send = |tenant: Option<&'static str>| {
+        let channel = channel.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            let mut request = tonic::Request::new(Bytes::from_static(b"two widgets"));
+            request
+                .metadata_mut()
+                .insert("idempotency-key", "order-12".parse().unwrap());
+            if let Some(tenant) = tenant {
+                request
+                    .metadata_mut()
+                    .insert("x-tenant-id", tenant.parse().unwrap());
+            }
+            grpc.unary(
+                request,
+                PathAndQuery::from_static("/demo.Charges/Create"),
+                RawCodec,
+            )
+            .await
+            .map(tonic::Response::into_inner)
+        }
+    };
+    let refused = send(None).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert_eq!(charges.runs.load(SeqCst), 0);
+    let acme = send(Some("acme")).await.unwrap();
+    let globex = send(Some("globex")).await.unwrap();
+    let acme_again = send(Some("acme")).await.unwrap();
+    assert_eq!(
+        (acme.as_ref(), globex.as_ref()),
+        (&b"charge #0"[..], &b"charge #1"[..])
+    );
+    assert_eq!(acme_again, acme, "replayed");
+    assert_eq!(charges.runs.load(SeqCst), 2);
+}

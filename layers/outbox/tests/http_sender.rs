@@ -18,12 +18,12 @@ use hyper_util::rt::TokioExecutor;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{quick, Schema};
-use tower::ServiceBuilder;
+use support::{quick, Database, Schema};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_once_outbox::classify::{Action, Classify, HttpClassifier};
 use tower_once_outbox::http::{HttpSender, Route};
-use tower_once_outbox::{Outbox, OutboxRelay, PassReport, RelayConfig};
-use tower_once_retry::backoff::Backoff;
+use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, PassReport, RelayConfig};
+use tower_once_retry::backoff::{Backoff, Jitter};
 use tower_once_retry::RetryLayer;
 use tower_once_timeout::http::HttpTimeoutLayer;
 
@@ -393,4 +393,226 @@ async fn a_success_whose_body_never_ends_is_still_sent() {
     let (attempts, sent, _, _) = row(&db, "order-7:mail").await;
     assert_eq!((attempts, sent), (0, true));
     assert_eq!(*calls.lock().unwrap(), 1);
+}
+
+async fn enqueue_in(pool: &sqlx::PgPool, outbox: &Outbox, topic: &str, key: &str, payload: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut tx, topic, key, payload).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// A sender that hands each message to a task of its own (as a sender with a queue or a
+/// pool of workers does) and runs `sender` there.
+fn on_a_task<S>(
+    sender: S,
+) -> impl tower::Service<
+    OutboxMessage,
+    Response = S::Response,
+    Error = S::Error,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    S: tower::Service<OutboxMessage> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+{
+    tower::service_fn(move |message: OutboxMessage| {
+        let sender = sender.clone();
+        async move {
+            tokio::spawn(sender.oneshot(message))
+                .await
+                .expect("the send task")
+        }
+    })
+}
+
+fn every_300ms() -> Backoff {
+    Backoff::new(Duration::from_millis(300), 1.0, Duration::from_millis(300))
+        .unwrap()
+        .jitter(Jitter::None)
+}
+
+/// BREAK: the relay attaches the send's deadline to the `OutboxMessage` ("the deadline travels
+/// with the message too, for a sender that hands it to a task"; `OutboxMessage` is a `Carrier`,
+/// README "Retries that cannot become a storm"), but `HttpSender` builds the HTTP request
+/// without the message's extensions (http/route.rs, `Route::request`), so a retry layer on the
+/// client below it, on another task, never sees the deadline: it keeps sending to the provider
+/// long after the relay cut the send at 800 ms and scheduled the row again. A provider that
+/// always answers `503`, a retry every 300 ms: within the deadline there is room for 3
+/// requests (at 0, 300 and 600 ms); the client makes all 10 of its attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_on_another_task_stops_at_the_sends_deadline() {
+    let db = Database::new().await;
+    let outbox = db.outbox().await;
+    let busy = (StatusCode::SERVICE_UNAVAILABLE, vec![], "busy");
+    let provider = Provider::start(vec![busy; 20]).await;
+    enqueue_in(&db.pool, &outbox, "email", "order-8:mail", "{}").await;
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .max_attempts(10)
+                .backoff(every_300ms())
+                .into_http(),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(5)))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let sender = on_a_task(HttpSender::new(client).route("email", provider.route()));
+    // quick(): a 1 s lease, sends cut at 800 ms.
+    let relay = OutboxRelay::new(outbox, quick(), sender).unwrap();
+
+    let report = relay.pass().await.unwrap();
+    assert_eq!((report.sent, report.failed), (0, 1), "{report:?}");
+    // Long enough for all 10 attempts of a client that ignores the deadline (2.7 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let seen = provider.seen().len();
+    assert!(
+        seen <= 3,
+        "{seen} requests reached the provider for one send cut at 800 ms"
+    );
+}
+
+/// BREAK: the same loss for the retry attempt's mark: a `RetryLayer` around the sender marks
+/// each message as one of its attempts, and a retry layer below, on the task the message was
+/// handed to, should defer to it ("Nested retries must not multiply", README "Retries that
+/// cannot become a storm": the mark travels with `OutboxMessage`). `HttpSender` drops the mark
+/// with the rest of the message's extensions (http/route.rs, `Route::request`): 3 outer
+/// attempts × 4 inner ones reach the provider, 12 requests instead of 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_above_and_below_a_sender_on_another_task_do_not_multiply() {
+    let db = Database::new().await;
+    let outbox = db.outbox().await;
+    let busy = (StatusCode::SERVICE_UNAVAILABLE, vec![], "busy");
+    let provider = Provider::start(vec![busy; 40]).await;
+    enqueue_in(&db.pool, &outbox, "email", "order-9:mail", "{}").await;
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .backoff(quick_backoff())
+                .into_http(),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(5)))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let sender = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .max_attempts(3)
+                .backoff(quick_backoff()),
+        )
+        .service(on_a_task(
+            HttpSender::new(client).route("email", provider.route()),
+        ));
+    let relay = OutboxRelay::new(
+        outbox,
+        RelayConfig::new()
+            .lease(Duration::from_secs(10))
+            .backoff(quick_backoff()),
+        sender,
+    )
+    .unwrap();
+
+    let report = relay.pass().await.unwrap();
+    assert_eq!(report.sent, 0, "{report:?}");
+    let seen = provider.seen().len();
+    assert_eq!(
+        seen, 3,
+        "one request per attempt of the outer retry layer, not {seen}"
+    );
+}
+
+/// HOLDS: a client below the sender that retries and stamps keys
+/// (`stamp_idempotency_keys(true)`) still sends the dedupe key, the same on every attempt and
+/// every relay pass; `500`, `502`, `504` and `408` are never counted as sent, and the row
+/// keeps its attempts until a `201` marks it sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_never_sent_and_every_attempt_carries_the_dedupe_key() {
+    let db = Database::new().await;
+    let outbox = db.outbox().await;
+    let script = [
+        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::BAD_GATEWAY,
+        StatusCode::GATEWAY_TIMEOUT,
+        StatusCode::REQUEST_TIMEOUT,
+    ]
+    .map(|status| (status, vec![], "no"));
+    let provider = Provider::start(script.to_vec()).await;
+    enqueue_in(&db.pool, &outbox, "email", "order-10:mail", "{}").await;
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .max_attempts(2)
+                .backoff(quick_backoff())
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(HttpTimeoutLayer::new(Duration::from_secs(5)))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let sender = HttpSender::new(client).route("email", provider.route());
+    let relay = OutboxRelay::new(outbox.clone(), quick(), sender).unwrap();
+
+    let first = relay.pass().await.unwrap();
+    assert_eq!(
+        (first.sent, first.failed),
+        (0, 1),
+        "500 then 502: {first:?}"
+    );
+    let second = pass_claiming(&relay).await;
+    assert_eq!(
+        (second.sent, second.failed),
+        (0, 1),
+        "504 then 408: {second:?}"
+    );
+    assert_eq!(outbox.stats().await.unwrap().sent, 0);
+    let third = pass_claiming(&relay).await;
+    assert_eq!(third.sent, 1, "{third:?}");
+    let (attempts, sent, parked): (i32, bool, bool) = sqlx::query_as(
+        "SELECT attempts, sent_at IS NOT NULL, parked_at IS NOT NULL FROM outbox \
+         WHERE dedupe_key = 'order-10:mail'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, sent, parked), (2, true, false));
+    let keys: Vec<_> = provider.seen().into_iter().map(|s| s.key).collect();
+    assert_eq!(
+        keys,
+        vec![Some("order-10:mail".to_owned()); 5],
+        "one delivery, 5 requests"
+    );
+}
+
+/// BREAK (the README and the crate docs disagree): the README's `HttpSender` table says only
+/// a `2xx` marks the row sent and "any other status" parks it; the `http` module's table, and
+/// the code, make a `3xx` a delivery (classify.rs, `HttpClassifier`: redirections are
+/// `Success`; http/future.rs `Read::finish`). A provider that answers `308 Permanent Redirect`
+/// (an `http://` route to a provider that moved to `https://`) accepted nothing, the client
+/// does not follow it, and the relay marks the message sent: it is never delivered and never
+/// parked for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_not_a_delivery() {
+    let db = Database::new().await;
+    let outbox = db.outbox().await;
+    let moved = (
+        StatusCode::PERMANENT_REDIRECT,
+        vec![("location", "https://mail.example.com/v1/send")],
+        "",
+    );
+    let provider = Provider::start(vec![moved]).await;
+    enqueue_in(&db.pool, &outbox, "email", "order-11:mail", "{}").await;
+    let sender = HttpSender::new(client()).route("email", provider.route());
+    let relay = OutboxRelay::new(outbox.clone(), quick(), sender).unwrap();
+    let report = relay.pass().await.unwrap();
+    assert_eq!(provider.seen().len(), 1);
+    assert_eq!(
+        (report.sent, outbox.stats().await.unwrap().sent),
+        (0, 0),
+        "a 308 marked the message sent: {report:?}"
+    );
+    assert_eq!(report.parked, 1, "{report:?}");
 }

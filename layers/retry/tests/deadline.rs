@@ -204,3 +204,116 @@ async fn a_deadline_on_a_tonic_request_crosses_a_buffer_and_a_task() {
     assert_eq!(calls.load(SeqCst), 1, "{err}");
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
+
+/// BREAK: "no attempt once the enclosing deadline has passed" (README; crate docs). An
+/// operation whose request carries a deadline is called while time is left and first polled
+/// after the deadline passed (futures made up front and awaited one after another; a spawned
+/// call the runtime schedules late): its first attempt still starts. `Operation::is_expired`
+/// (operation.rs) compares the deadline with the clock reading taken at `call` for the first
+/// attempt ("the first attempt needs no other reading"), not with the time the attempt
+/// starts.
+#[tokio::test(start_paused = true)]
+async fn an_operation_first_polled_after_its_deadline_makes_no_attempt() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RetryLayer::new()
+        .no_budget()
+        .layer(failing::<Request<Full<Bytes>>>(calls.clone()));
+    let deadline = Deadline::after(Duration::from_millis(100));
+    let first = svc.ready().await.unwrap().call(get(Some(deadline)));
+    let second = svc.ready().await.unwrap().call(get(Some(deadline)));
+    let _ = first.await;
+    let after_first = calls.load(SeqCst);
+    // The caller is busy elsewhere until the deadline has passed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = second.await.unwrap_err();
+    assert_eq!(
+        calls.load(SeqCst) - after_first,
+        0,
+        "an attempt started 100 ms after the deadline: {err}"
+    );
+    assert!(err.is_deadline() && err.attempts() == 0, "{err}");
+}
+
+/// HOLDS: retry over timeout over retry, with two `Buffer`s in between (one inside the other's
+/// stack), for a request type that carries nothing (`u32`): the outer layer's 3 attempts are
+/// the only ones; the inner layer, reached through both buffers, defers each time.
+#[tokio::test(start_paused = true)]
+async fn nested_retries_through_two_buffers_and_a_timeout_do_not_multiply() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = Buffer::new(
+        RetryLayer::new()
+            .no_budget()
+            .layer(failing::<u32>(calls.clone())),
+        8,
+    );
+    let inner = inner.map_err(std::io::Error::other);
+    let middle = Buffer::new(TimeoutLayer::new(Duration::from_secs(5)).layer(inner), 8);
+    let outer = RetryLayer::new()
+        .no_budget()
+        .max_attempts(3)
+        .layer(Buffer::new(middle, 8));
+    let err = outer.oneshot(7).await.unwrap_err();
+    assert_eq!(err.attempts(), 3, "{err}");
+    assert_eq!(calls.load(SeqCst), 3, "3 attempts, not 3 x 4");
+}
+
+/// HOLDS: a deadline in scope while the caller polls (`Deadline::in_scope`) bounds a retry
+/// layer reached through a `Buffer` inside a `Buffer` over a hanging upstream: one call, ended
+/// at the deadline, no backoff after it.
+#[tokio::test(start_paused = true)]
+async fn an_in_scope_deadline_reaches_through_a_buffer_inside_a_buffer() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let retry = RetryLayer::new()
+        .no_budget()
+        .layer(TimeoutLayer::new(Duration::from_secs(2)).layer(hanging::<u32>(calls.clone())));
+    let twice = Buffer::new(Buffer::new(retry, 8), 8);
+    let started = Instant::now();
+    let err = Deadline::after(Duration::from_millis(700))
+        .in_scope(twice.oneshot(1))
+        .await
+        .unwrap_err();
+    assert_eq!(calls.load(SeqCst), 1, "{err}");
+    assert_eq!(started.elapsed(), Duration::from_millis(700));
+}
+
+/// HOLDS: `Duration::MAX` as the layer's deadline and as a carried one neither panics nor
+/// ends the operation early; a later deadline attached on the way never loosens an earlier
+/// one; an earlier one already past, carried through a `Buffer` and a task, makes no attempt.
+#[tokio::test(start_paused = true)]
+async fn unbounded_later_and_past_deadlines() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = RetryLayer::new()
+        .no_budget()
+        .deadline(Duration::MAX)
+        .backoff(
+            Backoff::new(Duration::from_millis(10), 1.0, Duration::from_millis(10))
+                .unwrap()
+                .jitter(Jitter::None),
+        )
+        .layer(failing::<Request<Full<Bytes>>>(calls.clone()));
+    let err = svc
+        .clone()
+        .oneshot(get(Some(Deadline::after(Duration::MAX))))
+        .await
+        .unwrap_err();
+    assert_eq!((err.attempts(), calls.load(SeqCst)), (4, 4), "{err}");
+    assert!(!err.is_deadline(), "{err}");
+
+    // 25 ms attached first, then 60 s: the 25 ms deadline stands (two retries fit).
+    calls.store(0, SeqCst);
+    let mut req = get(Some(Deadline::after(Duration::from_millis(25))));
+    Deadline::after(Duration::from_secs(60)).attach(&mut req);
+    let err = svc.clone().oneshot(req).await.unwrap_err();
+    assert!(err.is_deadline(), "{err}");
+    assert_eq!(calls.load(SeqCst), 3, "attempts at 0, 10 and 20 ms: {err}");
+
+    calls.store(0, SeqCst);
+    let past = get(Some(Deadline::after(Duration::from_millis(5))));
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let buffered = Buffer::new(svc, 8);
+    let err = tokio::spawn(buffered.oneshot(past))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(calls.load(SeqCst), 0, "{err}");
+}

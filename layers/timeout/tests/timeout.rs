@@ -376,3 +376,110 @@ async fn grpc_timeout_round_trips_between_client_and_server_layers() {
     assert_eq!(deadline.instant() - started, Duration::from_millis(1500));
     assert_eq!(grpc::decode(b"1500000u"), Some(Duration::from_millis(1500)));
 }
+
+/// An upstream that is busy (not ready) until `ready_at`, as one behind a concurrency or rate
+/// limit is; each call counts, and so does the first poll of its future (the effect starts).
+struct BusyUntil {
+    ready_at: Instant,
+    wait: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    calls: Arc<AtomicUsize>,
+    started: Arc<AtomicUsize>,
+}
+
+impl BusyUntil {
+    fn new(ready_at: Instant) -> (Self, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (calls, started) = (Arc::default(), Arc::default());
+        let service = Self {
+            ready_at,
+            wait: None,
+            calls: Arc::clone(&calls),
+            started: Arc::clone(&started),
+        };
+        (service, calls, started)
+    }
+}
+
+impl<R: Send + 'static> Service<R> for BusyUntil {
+    type Response = &'static str;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<&'static str, Infallible>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        let at = self.ready_at;
+        let wait = self
+            .wait
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        std::task::ready!(std::future::Future::poll(wait.as_mut(), cx));
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: R) -> Self::Future {
+        self.calls.fetch_add(1, SeqCst);
+        let started = Arc::clone(&self.started);
+        Box::pin(async move {
+            started.fetch_add(1, SeqCst);
+            Ok("charged")
+        })
+    }
+}
+
+/// BREAK: the crate docs promise that a deadline in scope while the caller polls
+/// (`Deadline::in_scope`) reaches a `TimeoutLayer` behind a `tower::buffer::Buffer`, and that a
+/// call whose deadline has passed fails "without calling the inner service" (semantics table:
+/// "the deadline has already passed | `Err` with `Elapsed` at once | **not called**"). Behind a
+/// `Buffer` whose upstream is busy past the deadline, the worker calls the layer without the
+/// caller's scope, so `Timeout::call` calls the inner service (timeout.rs, `call` reads only
+/// the request and the worker's scope); its future is then polled once before the caller's
+/// expired deadline is looked at (`ResponseFuture::poll`: "the inner future is polled
+/// first"). The upstream runs a call 200 ms after the caller's deadline passed, and a call
+/// that answers at once even comes back `Ok`.
+#[tokio::test(start_paused = true)]
+async fn behind_a_buffer_a_deadline_in_scope_that_passed_never_reaches_the_inner_service() {
+    let started_at = Instant::now();
+    let (busy, calls, started) = BusyUntil::new(started_at + Duration::from_millis(300));
+    let buffered =
+        tower::buffer::Buffer::new(TimeoutLayer::new(Duration::from_secs(10)).layer(busy), 8);
+    let deadline = Deadline::after(Duration::from_millis(100));
+    let result = deadline.in_scope(buffered.oneshot(7u32)).await;
+    assert_eq!(
+        (calls.load(SeqCst), started.load(SeqCst)),
+        (0, 0),
+        "the upstream was called, and its call ran, 200 ms after the deadline: {result:?}"
+    );
+    let err = result.expect_err("the deadline passed before the upstream was ready");
+    assert!(
+        err.downcast_ref::<tower_once_timeout::TimeoutError<Infallible>>()
+            .and_then(|e| e.elapsed())
+            .is_some_and(|e| e.is_deadline()),
+        "{err:?}"
+    );
+}
+
+/// HOLDS: the same with a request that carries its deadline (`Deadline::attach` on an
+/// `http::Request`): the layer behind the `Buffer` sees it spent and does not call the
+/// upstream.
+#[tokio::test(start_paused = true)]
+async fn behind_a_buffer_a_carried_deadline_that_passed_never_reaches_the_inner_service() {
+    let started_at = Instant::now();
+    let (busy, calls, started) = BusyUntil::new(started_at + Duration::from_millis(300));
+    let buffered =
+        tower::buffer::Buffer::new(TimeoutLayer::new(Duration::from_secs(10)).layer(busy), 8);
+    let mut req = Request::new(());
+    Deadline::after(Duration::from_millis(100)).attach(&mut req);
+    // A later deadline attached on the way does not loosen it.
+    Deadline::after(Duration::from_secs(60)).attach(&mut req);
+    let err = buffered.oneshot(req).await.expect_err("spent");
+    assert!(
+        err.downcast_ref::<tower_once_timeout::TimeoutError<Infallible>>()
+            .and_then(|e| e.elapsed())
+            .is_some_and(|e| e.is_deadline()),
+        "{err:?}"
+    );
+    assert_eq!(started_at.elapsed(), Duration::from_millis(300));
+    assert_eq!((calls.load(SeqCst), started.load(SeqCst)), (0, 0));
+}

@@ -253,3 +253,54 @@ impl<T: Send + 'static> Running<T> {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
     }
 }
+
+/// A database of its own on the machine's PostgreSQL (`PG_URL`, a server URL; default
+/// `postgres://postgres@127.0.0.1:5432`), created for one test and dropped (with `psql`, so it
+/// happens even after a panic) when this is dropped.
+pub(crate) struct Database {
+    pub(crate) name: String,
+    pub(crate) pool: PgPool,
+    server: String,
+}
+
+impl Database {
+    pub(crate) async fn new() -> Self {
+        let server = std::env::var("PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
+        let server = server.trim_end_matches('/').to_owned();
+        let name = format!("outbox_db_{}", fastrand::u64(..));
+        let admin = PgPool::connect(&format!("{server}/postgres"))
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&format!("{server}/{name}"))
+            .await
+            .unwrap();
+        Self { name, pool, server }
+    }
+
+    pub(crate) async fn outbox(&self) -> Outbox {
+        let outbox = Outbox::new(self.pool.clone());
+        outbox.migrate().await.unwrap();
+        outbox
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .arg(format!("{}/postgres", self.server))
+            .args([
+                "-q",
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            ])
+            .output();
+    }
+}
