@@ -31,7 +31,16 @@ use tower_once::idempotency::IdempotencyLayer;
 pub(crate) struct Tenant(pub(crate) String);
 
 /// The API: `POST /orders`, idempotent per tenant.
+#[allow(dead_code)] // the binary uses `app_and_detached`
 pub(crate) fn app<St: IdempotencyStore>(store: St) -> Router {
+    app_and_detached(store).0
+}
+
+/// The API and what to wait for at shutdown: the handlers (and store writes) that requests
+/// whose clients left are finishing on tasks of their own.
+pub(crate) fn app_and_detached<St: IdempotencyStore>(
+    store: St,
+) -> (Router, tower_once::idempotency::Detached) {
     let idempotency = IdempotencyLayer::with_store(store)
         .require_key(true)
         .scope(|parts: &Parts| {
@@ -41,10 +50,12 @@ pub(crate) fn app<St: IdempotencyStore>(store: St) -> Router {
             parts.extensions.get::<Tenant>().map(|t| t.0.clone())
         })
         .problem_response(api_error);
-    Router::new()
+    let detached = idempotency.detached();
+    let router = Router::new()
         .route("/orders", post(create_order))
         .layer(idempotency)
-        .layer(middleware::from_fn(authenticate))
+        .layer(middleware::from_fn(authenticate));
+    (router, detached)
 }
 
 /// A stand-in for real authentication: `Authorization: Bearer <tenant>`.
@@ -136,9 +147,13 @@ async fn main() -> std::process::ExitCode {
         }
     };
     println!("listening on {addr}, idempotency records in {redis}");
-    let served = axum::serve(listener, app(store))
+    let (app, detached) = app_and_detached(store);
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
+    // The server stopped: let handlers whose clients left, and their store writes, finish
+    // (bounded, like the rest of a shutdown).
+    let _ = tokio::time::timeout(Duration::from_secs(30), detached.wait()).await;
     match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

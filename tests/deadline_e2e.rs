@@ -84,7 +84,7 @@ async fn a_keyed_post_still_running_at_the_deadline_is_a_typed_error_with_its_ke
     );
 }
 
-/// BREAK: the same keyed POST, with the stack's usual shape where the per-attempt timeout is
+/// Was a break, now fixed: the same keyed POST, with the stack's usual shape where the per-attempt timeout is
 /// longer than what is left of the deadline (5 s per attempt, 1 s for the operation): the
 /// deadline passes during the first attempt, the `HttpTimeoutLayer` below cuts it there (its
 /// cap is the time left), and the retry layer returns that `Elapsed` as the inner error of a
@@ -303,7 +303,7 @@ async fn a_custom_problem_response_still_gives_the_typed_error_at_the_deadline()
     assert_eq!(runs.load(SeqCst), 1);
 }
 
-/// BREAK (arguable: the classifier is the user's): a user classifier that treats a `409` as
+/// Was a break, now fixed (the classifier is the user's, and the server said "in progress"): a user classifier that treats a `409` as
 /// transient (`Action::Retry`, as this repository's own outbox tests write one) on a client of
 /// our server. The server marks its answer `Idempotency-In-Progress: true`, but only
 /// `Action::InProgress` makes the layer remember it (operation.rs `next_delay`), so at the

@@ -391,7 +391,7 @@ async fn a_call_still_running_at_the_deadline_is_deadline_exceeded_with_its_key(
     assert_eq!(charges.runs.load(SeqCst), 1, "the handler ran once");
 }
 
-/// BREAK: a call the server is still running when the client runs out of *attempts* (not
+/// Was a break, now fixed: a call the server is still running when the client runs out of *attempts* (not
 /// time). The README ("Retries that cannot become a storm", the `409` row) promises: "if the
 /// deadline or the attempts run out first, `Err(RetryError)` with `is_in_progress()` ... (gRPC:
 /// `DEADLINE_EXCEEDED`, the key in its metadata)". `GrpcStatusLayer` answers `UNAVAILABLE`

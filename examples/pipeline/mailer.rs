@@ -43,6 +43,7 @@ pub(crate) async fn serve(
 ) -> Result<(), BoxError> {
     let mailbox = Mailbox::default();
     let idempotency = IdempotencyLayer::new().require_key(true);
+    let detached = idempotency.detached();
     let router = Router::new()
         .route(
             "/v1/emails",
@@ -58,6 +59,8 @@ pub(crate) async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await?;
+    // Sends whose relay left mid-request finish, and their records land, before the exit.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), detached.wait()).await;
     Ok(())
 }
 

@@ -9,6 +9,15 @@ pub(crate) fn update_framed(hasher: &mut Sha256, part: &[u8]) {
     hasher.update(part);
 }
 
+/// Feeds the concatenation of `pieces` as one framed part, without copying them together.
+pub(crate) fn update_framed_parts(hasher: &mut Sha256, pieces: &[&[u8]]) {
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    hasher.update((len as u64).to_be_bytes());
+    for piece in pieces {
+        hasher.update(piece);
+    }
+}
+
 pub(crate) fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
     // One `write_str` per 32 bytes: a `write!` per byte went through the formatting machinery
     // 32 times for every Redis key name.

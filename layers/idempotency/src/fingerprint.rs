@@ -107,11 +107,18 @@ pub struct Sha256Fingerprint;
 
 impl Fingerprinter for Sha256Fingerprint {
     fn fingerprint(&self, parts: &Parts, body: &Bytes) -> Fingerprint {
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let mut hasher = Sha256::new();
         hasher.update(b"tower-once/fingerprint/v1");
         crate::digest::update_framed(&mut hasher, parts.method.as_str().as_bytes());
-        crate::digest::update_framed(&mut hasher, path_and_query.as_bytes());
+        // The path as the record key names it, then the query as sent.
+        let path = crate::path::addressed(parts);
+        match parts.uri.query() {
+            Some(query) => crate::digest::update_framed_parts(
+                &mut hasher,
+                &[path.as_bytes(), b"?", query.as_bytes()],
+            ),
+            None => crate::digest::update_framed(&mut hasher, path.as_bytes()),
+        }
         crate::digest::update_framed(&mut hasher, body);
         Fingerprint(hasher.finalize().into())
     }

@@ -159,7 +159,10 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
 
     /// How long a claim holds its key without renewal. While the handler runs the layer renews it
     /// every third of the lease; if the process dies, the key is free again within one lease.
-    /// Default 10 s. Longer than about 100 years is cut to that.
+    /// Default 10 s. Longer than about 100 years is cut to that. Keep it well above the time a
+    /// store write can take (the Redis store's command timeout is 1 s): a completion that lands
+    /// after the lease ran out is refused, as any write of a claim that is no longer ours, and
+    /// the retry runs the handler again.
     ///
     /// # Panics
     ///

@@ -140,6 +140,7 @@ mod future;
 pub mod key;
 mod layer;
 mod outcome;
+mod path;
 pub mod predicate;
 pub mod problem;
 pub mod scope;

@@ -76,7 +76,9 @@ where
 
 /// Scopes by the value of a request header, for services whose gateway sets a trusted tenant
 /// or principal header. A request without the header, or with an empty one, is refused
-/// (`401`), unless [`allow_missing`](Self::allow_missing) was called.
+/// (`401`), unless [`allow_missing`](Self::allow_missing) was called; one with the header sent
+/// twice is always refused (which of the two would be the gateway's?). Make the gateway
+/// *replace* the header a client sent, never append to it.
 ///
 /// ```
 /// use tower_once_idempotency::{scope::HeaderScope, IdempotencyLayer};
@@ -127,10 +129,15 @@ impl Scope for HeaderScope {
     type Output = http::HeaderValue;
 
     fn scope(&self, parts: &Parts) -> Option<http::HeaderValue> {
-        // A clone shares the header's bytes. NOTE: an empty value is treated as missing, so
-        // the shared scope of `allow_missing` (empty bytes) is never a tenant's own.
-        match parts.headers.get(&self.name) {
-            Some(value) if !value.is_empty() => Some(value.clone()),
+        let mut values = parts.headers.get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            // NOTE: sent twice, the header is ambiguous (a gateway that appends its own value
+            // after the client's, as Envoy does by default, would let a client pick the
+            // first): refused, as a key header sent twice is, even with `allow_missing`.
+            (Some(_), Some(_)) => None,
+            // A clone shares the header's bytes. NOTE: an empty value is treated as missing,
+            // so the shared scope of `allow_missing` (empty bytes) is never a tenant's own.
+            (Some(value), None) if !value.is_empty() => Some(value.clone()),
             _ if self.allow_missing => Some(http::HeaderValue::from_static("")),
             _ => None,
         }

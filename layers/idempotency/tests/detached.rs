@@ -83,7 +83,9 @@ fn app<St: IdempotencyStore>(
     store: St,
     runs: Arc<AtomicUsize>,
 ) -> (Router, tower_once_idempotency::Detached) {
-    let layer = IdempotencyLayer::with_store(store).lease(Duration::from_millis(300));
+    // NOTE: a lease longer than the slow completion: a completion that lands after the lease ran
+    // out is refused (fenced), which is what the lease docs warn of.
+    let layer = IdempotencyLayer::with_store(store).lease(Duration::from_millis(1500));
     let detached = layer.detached();
     let router = Router::new()
         .route(
@@ -100,7 +102,7 @@ fn app<St: IdempotencyStore>(
 const CHARGE: &[u8] = b"POST /charges HTTP/1.1\r\nhost: x\r\nidempotency-key: deploy-1\r\n\
 content-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
 
-/// BREAK: a client that gives up while the layer is storing its response (the handler ran; the
+/// Was a break, now fixed: a client that gives up while the layer is storing its response (the handler ran; the
 /// completion is on its way to a slow store) drops the request's future; the `ClaimGuard`
 /// then finishes the write on a task `Detached` does not count (future/claim.rs, `Drop for
 /// ClaimGuard` → `spawn_detached` → `spawn_or_warn`, a bare `Handle::spawn`). A graceful
@@ -172,7 +174,7 @@ fn wait_after_shutdown_covers_a_completion_whose_client_left() {
     let answer = second.block_on({
         let runs = runs.clone();
         async move {
-            tokio::time::sleep(Duration::from_millis(400)).await; // past the 300 ms lease
+            tokio::time::sleep(Duration::from_millis(1600)).await; // past the lease
             let (router, _) = app(memory, runs);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();

@@ -234,7 +234,7 @@ async fn identity_follows_the_addressed_path_with_the_layer_outside_the_router()
     assert_eq!(runs.get(), 3);
 }
 
-/// BREAK: the record's identity treats an escaped unreserved character as the character
+/// Was a break, now fixed: the record's identity treats an escaped unreserved character as the character
 /// (store/key.rs, `normalize_path`: "`%61` ... is the same resource as the character itself
 /// ... so both name one record"), but the fingerprint hashes the raw path
 /// (fingerprint.rs), so the same request to `/accounts/%41/charges` after

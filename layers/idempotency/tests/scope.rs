@@ -227,7 +227,7 @@ async fn appending_gateway(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// BREAK: a `HeaderScope` header sent twice. The key header sent twice is refused (`400`),
+/// Was a break, now fixed: a `HeaderScope` header sent twice. The key header sent twice is refused (`400`),
 /// but the scope takes the first of several tenant headers (scope.rs, `HeaderScope::scope`:
 /// `parts.headers.get`), so a client that sends another tenant's id in front of the one its
 /// gateway adds is scoped as that tenant and gets its stored payment back: a record shared

@@ -435,7 +435,7 @@ fn every_300ms() -> Backoff {
         .jitter(Jitter::None)
 }
 
-/// BREAK: the relay attaches the send's deadline to the `OutboxMessage` ("the deadline travels
+/// Was a break, now fixed: the relay attaches the send's deadline to the `OutboxMessage` ("the deadline travels
 /// with the message too, for a sender that hands it to a task"; `OutboxMessage` is a `Carrier`,
 /// README "Retries that cannot become a storm"), but `HttpSender` builds the HTTP request
 /// without the message's extensions (http/route.rs, `Route::request`), so a retry layer on the
@@ -475,7 +475,7 @@ async fn a_sender_on_another_task_stops_at_the_sends_deadline() {
     );
 }
 
-/// BREAK: the same loss for the retry attempt's mark: a `RetryLayer` around the sender marks
+/// Was a break, now fixed: the same loss for the retry attempt's mark: a `RetryLayer` around the sender marks
 /// each message as one of its attempts, and a retry layer below, on the task the message was
 /// handed to, should defer to it ("Nested retries must not multiply", README "Retries that
 /// cannot become a storm": the mark travels with `OutboxMessage`). `HttpSender` drops the mark
@@ -587,7 +587,7 @@ async fn failures_are_never_sent_and_every_attempt_carries_the_dedupe_key() {
     );
 }
 
-/// BREAK (the README and the crate docs disagree): the README's `HttpSender` table says only
+/// Was a break, now fixed (the README and the crate docs disagreed; they say the same now): the README's `HttpSender` table says only
 /// a `2xx` marks the row sent and "any other status" parks it; the `http` module's table, and
 /// the code, make a `3xx` a delivery (classify.rs, `HttpClassifier`: redirections are
 /// `Success`; http/future.rs `Read::finish`). A provider that answers `308 Permanent Redirect`

@@ -424,7 +424,9 @@ mod tests {
 
 /// The classifier an [`HttpRetry`](crate::http::HttpRetry) uses: the one chosen with
 /// [`RetryLayer::classify`](crate::RetryLayer::classify), or [`HttpClassifier`] when none was
-/// chosen — so `RetryLayer::new().into_http()` retries a `503` as an HTTP client expects.
+/// chosen — so `RetryLayer::new().into_http()` retries a `503` as an HTTP client expects. A
+/// chosen classifier that retries a response marked `Idempotency-In-Progress: true` has it
+/// treated as [`Action::InProgress`], so giving up on it is never the `409` as an answer.
 #[derive(Debug, Clone, Copy)]
 pub struct HttpDefault<C> {
     chosen: C,
@@ -446,9 +448,15 @@ where
 {
     fn classify(&self, outcome: &Result<Response<B>, E>) -> Action {
         if self.http {
-            HttpClassifier.classify(outcome)
-        } else {
-            self.chosen.classify(outcome)
+            return HttpClassifier.classify(outcome);
+        }
+        // NOTE: an idempotency server's "in progress" answer is never the operation's answer,
+        // whoever classifies: a chosen classifier that retries it makes it in progress.
+        match (self.chosen.classify(outcome), outcome) {
+            (Action::Retry { after }, Ok(response)) if says_in_progress(response.headers()) => {
+                Action::InProgress { after }
+            }
+            (action, _) => action,
         }
     }
 }

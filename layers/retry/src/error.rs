@@ -75,6 +75,8 @@ pub struct RetryError<E> {
     inner: Option<E>,
     elapsed: Duration,
     in_progress: bool,
+    // The last attempt failed at the deadline (an inner timeout cut it): it may still complete.
+    cut: bool,
     key: Option<String>,
 }
 
@@ -88,6 +90,7 @@ impl<E> RetryError<E> {
             inner: Some(inner),
             elapsed: Duration::ZERO,
             in_progress: false,
+            cut: false,
             key: None,
         }
     }
@@ -102,6 +105,7 @@ impl<E> RetryError<E> {
             inner: None,
             elapsed: Duration::ZERO,
             in_progress: false,
+            cut: false,
             key: None,
         }
     }
@@ -115,6 +119,7 @@ impl<E> RetryError<E> {
             inner: None,
             elapsed: Duration::ZERO,
             in_progress: true,
+            cut: false,
             key: None,
         }
     }
@@ -122,6 +127,13 @@ impl<E> RetryError<E> {
     /// The same error, saying the operation took `elapsed`.
     pub const fn with_elapsed(mut self, elapsed: Duration) -> Self {
         self.elapsed = elapsed;
+        self
+    }
+
+    /// The same error, saying the last attempt failed at the deadline (an inner timeout cut
+    /// it) after it was sent: it may still complete.
+    pub const fn cut_at_deadline(mut self) -> Self {
+        self.cut = true;
         self
     }
 
@@ -160,9 +172,10 @@ impl<E> RetryError<E> {
     }
 
     /// Whether the operation may have had its effect although the caller got no answer: the
-    /// deadline cut an attempt that was running, or the server said it was still running.
+    /// deadline cut an attempt that was running (the layer itself, or a timeout below it at the
+    /// deadline), or the server said it was still running.
     pub const fn may_have_executed(&self) -> bool {
-        self.in_progress || (self.inner.is_none() && self.attempts > 0)
+        self.in_progress || self.cut || (self.inner.is_none() && self.attempts > 0)
     }
 
     /// The `Idempotency-Key` the attempts carried (stamped or the caller's), when the HTTP
@@ -230,6 +243,11 @@ impl<E> fmt::Display for Outline<'_, E> {
                 write!(f, " in {}", Human(e.elapsed))?;
             }
             write!(f, " ({})", e.reason)?;
+            if e.cut {
+                f.write_str(
+                    ", the last one cut at the deadline: the operation may still complete",
+                )?;
+            }
         } else if e.attempts == 0 {
             return write!(
                 f,

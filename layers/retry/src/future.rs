@@ -67,9 +67,12 @@ where
         let Some(op) = this.operation.as_mut() else {
             panic!("ResponseFuture polled after completion");
         };
-        // NOTE: the deadline in scope while the caller polls (`Deadline::in_scope`, or an outer
-        // retry's attempt polling this future across a `Buffer`) bounds the operation too.
-        if let Some(deadline) = op.tighten() {
+        // NOTE: the operation's clock and deadline start at its first poll; after it, the
+        // deadline in scope while the caller polls (`Deadline::in_scope`, or an outer retry's
+        // attempt polling this future across a `Buffer`) bounds the operation too.
+        if !op.has_begun() {
+            op.begin();
+        } else if let Some(deadline) = op.tighten() {
             if let (Some(timer), false) = (
                 this.timer.as_mut().as_pin_mut(),
                 matches!(*this.state, State::Waiting),
@@ -86,7 +89,7 @@ where
                     // NOTE: polled inside the attempt's scope too, so that an inner RetryLayer
                     // or TimeoutLayer reached from this future (an `async` block, a
                     // `oneshot`, a `Buffer`'s future) sees the operation.
-                    let deadline = op.deadline;
+                    let deadline = op.deadline();
                     let Poll::Ready(outcome) = in_attempt(deadline, || future.poll(cx)) else {
                         return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
                     };
@@ -117,20 +120,17 @@ where
                     if let Some(mut timer) = this.timer.as_mut().as_pin_mut() {
                         // NOTE: no backoff past the deadline: one that moved earlier while
                         // waiting (see `tighten`) may now end before the wait does.
-                        if timer.deadline() >= op.deadline.instant() {
+                        if timer.deadline() >= op.deadline().instant() {
                             op.give_up(GiveUp::Deadline);
                             return Poll::Ready(Err(finish_early(this.operation, this.state)));
                         }
                         ready!(timer.as_mut().poll(cx));
                         // Back to guarding the deadline for the next attempt.
-                        timer.reset(op.deadline.instant());
+                        timer.reset(op.deadline().instant());
                     }
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
-                    if op.attempt == 0 {
-                        op.begin();
-                    }
                     // NOTE: no attempt once the deadline has passed.
                     if op.is_expired() {
                         op.give_up(GiveUp::Deadline);
@@ -150,9 +150,10 @@ where
                         op.config.settings.stats.attempt();
                     }
                     let mut request = op.request.clone();
-                    mark(&mut request, op.deadline);
+                    mark(&mut request, op.deadline());
+                    let deadline = op.deadline();
                     let service = &mut op.service;
-                    let future = in_attempt(op.deadline, || service.call(request));
+                    let future = in_attempt(deadline, || service.call(request));
                     this.state.set(State::Calling { future });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -186,7 +187,7 @@ fn cut_off<S, Req, C, H, F, T, E>(
         return Poll::Pending;
     };
     if cutoff.is_none() {
-        cutoff.set(Some(tokio::time::sleep_until(op.deadline.instant())));
+        cutoff.set(Some(tokio::time::sleep_until(op.deadline().instant())));
     }
     let Some(timer) = cutoff.as_pin_mut() else {
         return Poll::Pending;

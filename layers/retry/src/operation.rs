@@ -16,13 +16,20 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) service: S,
     pub(crate) request: Req,
     pub(crate) config: SharedConfig<C, H>,
-    pub(crate) deadline: Deadline,
-    /// The clock when the operation was called: the first attempt needs no other reading.
-    started: Instant,
+    /// Known once the operation began (see `deadline()`).
+    deadline: Option<Deadline>,
+    /// A deadline given with the call (the request's, the scope's), until `begin`.
+    outer: Option<Deadline>,
+    /// The clock when the operation began (its first poll): the first attempt needs no other
+    /// reading. `None` until then.
+    started: Option<Instant>,
     /// Whether a deadline in scope while the future was polled moved `deadline` earlier.
     tightened: bool,
     /// Whether the last outcome said the operation is still running elsewhere.
     pub(crate) in_progress: bool,
+    /// Whether the last attempt failed at or after the deadline (an inner timeout cut it): it
+    /// was sent, so it may still complete.
+    cut: bool,
     pub(crate) attempt: u32,
     /// Inside another retry layer's attempt: one attempt, bound by this layer's own deadline
     /// when it is the shorter; the outer layer does the retrying.
@@ -33,9 +40,9 @@ pub(crate) struct Operation<S, Req, C, H> {
 }
 
 impl<S, Req, C, H> Operation<S, Req, C, H> {
-    /// Starts an operation: its deadline is this layer's own or `outer`, whichever ends first. A
-    /// `nested` operation (inside another layer's attempt) makes one attempt: the outer layer
-    /// counts and retries.
+    /// An operation to start on its first poll: its deadline will be this layer's own or
+    /// `outer`, whichever ends first. A `nested` operation (inside another layer's attempt)
+    /// makes one attempt: the outer layer counts and retries.
     pub(crate) fn start(
         service: S,
         req: Req,
@@ -43,24 +50,16 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
         outer: Option<Deadline>,
         nested: bool,
     ) -> Self {
-        // One clock reading serves the deadline and the budget: it is most of the happy path's cost.
-        let now = Instant::now();
-        let own = Deadline::at(tower_once_core::time::saturating_add(
-            now,
-            config.settings.deadline,
-        ));
-        let deadline = match outer {
-            Some(outer) if outer < own => outer,
-            _ => own,
-        };
         Self {
             service,
             request: req,
             config,
-            deadline,
-            started: now,
+            deadline: None,
+            outer,
+            started: None,
             tightened: false,
             in_progress: false,
+            cut: false,
             attempt: 0,
             nested,
             previous_delay: Duration::ZERO,
@@ -68,16 +67,48 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
         }
     }
 
-    /// Called on the first poll, before the first attempt: the operation is nested if it is
-    /// polled inside another retry's attempt (a `Buffer`'s caller polls the future the worker
-    /// made); otherwise it is counted and deposits in the budget.
+    /// The operation's deadline (once it began; before, the outer one or a far one).
+    pub(crate) fn deadline(&self) -> Deadline {
+        match (self.deadline, self.outer) {
+            (Some(deadline), _) | (None, Some(deadline)) => deadline,
+            (None, None) => Deadline::at(far_future()),
+        }
+    }
+
+    /// Whether [`begin`](Self::begin) ran.
+    pub(crate) fn has_begun(&self) -> bool {
+        self.started.is_some()
+    }
+
+    /// Called on the first poll, before the first attempt. The operation's clock starts now
+    /// (a future first polled long after its call, behind a busy `Buffer`, say, still sees
+    /// its deadline), and its deadline is the earliest of its own, the outer one and the one
+    /// in scope. It is nested if it is polled inside another retry's attempt (a `Buffer`'s
+    /// caller polls the future the worker made); otherwise it is counted and deposits in the
+    /// budget.
     pub(crate) fn begin(&mut self) {
+        // One clock reading serves the deadline and the budget: it is most of the happy path's
+        // cost.
+        let now = Instant::now();
+        self.started = Some(now);
+        let own = Deadline::at(tower_once_core::time::saturating_add(
+            now,
+            self.config.settings.deadline,
+        ));
+        let deadline = match self.outer {
+            Some(outer) if outer < own => outer,
+            _ => own,
+        };
+        self.deadline = Some(match Deadline::current() {
+            Some(current) if current < deadline => current,
+            _ => deadline,
+        });
         self.nested |= is_nested();
         if !self.nested {
             let settings = &self.config.settings;
             settings.stats.operation();
             if let Some(budget) = &settings.budget {
-                budget.deposit_at(self.started);
+                budget.deposit_at(now);
             }
         }
     }
@@ -86,8 +117,8 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
     /// sooner: the enclosing deadline bounds every attempt and every wait. Returns the new one.
     pub(crate) fn tighten(&mut self) -> Option<Deadline> {
         let current = Deadline::current()?;
-        (current < self.deadline).then(|| {
-            self.deadline = current;
+        (current < self.deadline()).then(|| {
+            self.deadline = Some(current);
             self.tightened = true;
             current
         })
@@ -95,10 +126,11 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
 
     /// Whether the deadline has passed, so that no attempt may start.
     pub(crate) fn is_expired(&self) -> bool {
-        if self.attempt == 0 && !self.tightened {
-            self.deadline.instant() <= self.started
-        } else {
-            self.deadline.is_expired()
+        match self.started {
+            Some(started) if self.attempt == 0 && !self.tightened => {
+                self.deadline().instant() <= started
+            }
+            _ => self.deadline().is_expired(),
         }
     }
 
@@ -107,11 +139,14 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
     /// running): it says how long the operation ran.
     pub(crate) fn error<E>(&self, reason: GiveUp, inner: Option<E>) -> RetryError<E> {
         let error = match inner {
+            Some(inner) if self.cut => {
+                RetryError::new(reason, self.attempt, inner).cut_at_deadline()
+            }
             Some(inner) => RetryError::new(reason, self.attempt, inner),
             None if self.in_progress => RetryError::in_progress(reason, self.attempt),
             None => RetryError::deadline(self.attempt),
         };
-        error.with_elapsed(self.started.elapsed())
+        error.with_elapsed(self.started.map_or(Duration::ZERO, |s| s.elapsed()))
     }
 
     /// Ends the operation for `reason`: counted (unless nested, where the outer layer counts)
@@ -153,7 +188,8 @@ where
         let now = Instant::now();
         // NOTE: a failure at or after the deadline (an inner timeout that the deadline cut
         // short, say) is never retried, whatever the classifier says: no time is left.
-        if now >= self.deadline.instant() {
+        if now >= self.deadline().instant() {
+            self.cut = outcome.is_err();
             return Err(self.give_up(GiveUp::Deadline));
         }
         if self.attempt >= settings.max_attempts {
@@ -176,7 +212,7 @@ where
         // for the attempt after it, so stop now with what we have.
         if now
             .checked_add(delay)
-            .is_none_or(|end| end >= self.deadline.instant())
+            .is_none_or(|end| end >= self.deadline().instant())
         {
             return Err(self.give_up(GiveUp::Deadline));
         }
@@ -202,4 +238,9 @@ where
         self.previous_delay = delay;
         Ok(delay)
     }
+}
+
+/// A deadline no operation reaches (about 100 years away), before the real one is known.
+fn far_future() -> Instant {
+    tower_once_core::time::saturating_add(Instant::now(), tower_once_core::time::MAX_DURATION)
 }

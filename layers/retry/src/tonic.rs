@@ -204,23 +204,20 @@ where
 }
 
 /// `DEADLINE_EXCEEDED` when time ran out (the operation's deadline, or a timeout below: ours, or
-/// the one a `Channel` applies from the `grpc-timeout` it sends), `UNAVAILABLE` when the server
-/// was still running the operation, otherwise what tonic makes of the last attempt's error.
-/// The message says what happened; the idempotency key, when there is one, is in the status's
-/// `idempotency-key` metadata.
+/// the one a `Channel` applies from the `grpc-timeout` it sends) and when the server was still
+/// running the operation as the layer gave up (the attempts or the budget ran out): either way
+/// the call may still complete, which is what gRPC callers read from `DEADLINE_EXCEEDED`
+/// (`UNAVAILABLE` would invite a retry, with a fresh key if the stack stamps one). Otherwise
+/// what tonic makes of the last attempt's error. The message says what happened; the
+/// idempotency key, when there is one, is in the status's `idempotency-key` metadata.
 fn to_status<E: Into<BoxError>>(error: RetryError<E>) -> tonic::Status {
     let key = error
         .idempotency_key()
         .and_then(|k| tonic::metadata::MetadataValue::try_from(k).ok());
     let outline = error.outline().to_string();
-    let mut status = match (
-        error.is_deadline(),
-        error.is_in_progress(),
-        error.into_inner(),
-    ) {
-        (true, _, Err(_)) => tonic::Status::deadline_exceeded(outline),
-        (false, _, Err(_)) => tonic::Status::unavailable(outline),
-        (_, _, Ok(inner)) => {
+    let mut status = match error.into_inner() {
+        Err(_) => tonic::Status::deadline_exceeded(outline),
+        Ok(inner) => {
             let inner: BoxError = inner.into();
             if timed_out(&*inner) {
                 tonic::Status::deadline_exceeded(format!(

@@ -205,7 +205,7 @@ async fn a_deadline_on_a_tonic_request_crosses_a_buffer_and_a_task() {
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
 
-/// BREAK: "no attempt once the enclosing deadline has passed" (README; crate docs). An
+/// Was a break, now fixed: "no attempt once the enclosing deadline has passed" (README; crate docs). An
 /// operation whose request carries a deadline is called while time is left and first polled
 /// after the deadline passed (futures made up front and awaited one after another; a spawned
 /// call the runtime schedules late): its first attempt still starts. `Operation::is_expired`

@@ -31,7 +31,7 @@ use tower_once_core::carrier::Carrier;
 /// | the caller gives the deadline | inner layers in the same task | behind a `Buffer` | on another task |
 /// |---|---|---|---|
 /// | on the request ([`attach`](Self::attach)), a [`Carrier`] | ✓ | ✓ | ✓ |
-/// | [`in_scope`](Self::in_scope) around the call's future | ✓ | ✓ | – |
+/// | [`in_scope`](Self::in_scope) around the call's future | ✓ | ✓ (the worker calls the layers behind it outside the scope, so an inner service may be *called* late; its future is never polled past the deadline) | – |
 /// | [`scope`](Self::scope) around `call` only | ✓ | – | – |
 ///
 /// ```

@@ -154,18 +154,25 @@ where
             tracing::debug!("deadline already spent; inner service not called");
             return Poll::Ready(Err((*this.elapsed).into()));
         };
-        // NOTE: the inner future is polled first, so a result that is ready in the same poll
-        // as the timer wins (as in tower::timeout).
-        if let Poll::Ready(result) = inner.poll(cx) {
-            return Poll::Ready(result.map_err(TimeoutError::inner));
-        }
         // The deadline in scope while the caller polls (`Deadline::in_scope`, a retry's
-        // attempt polling this future across a `Buffer`) caps the call too.
+        // attempt polling this future across a `Buffer`) caps the call too. NOTE: checked
+        // before the inner future is polled: one that passed already (a `Buffer` whose worker
+        // called this layer late, outside the caller's scope) lets the inner future never run.
         if let Some(current) = Deadline::current() {
             if current.instant() < this.sleep.deadline() {
                 *this.elapsed = Elapsed::new(current.remaining(), true);
                 this.sleep.as_mut().reset(current.instant());
+                if this.sleep.as_mut().poll(cx).is_ready() {
+                    this.elapsed.record("timeout");
+                    tracing::debug!("deadline in scope already passed; inner future not polled");
+                    return Poll::Ready(Err((*this.elapsed).into()));
+                }
             }
+        }
+        // NOTE: otherwise the inner future is polled first, so a result that is ready in the
+        // same poll as the timer wins (as in tower::timeout).
+        if let Poll::Ready(result) = inner.poll(cx) {
+            return Poll::Ready(result.map_err(TimeoutError::inner));
         }
         match this.sleep.poll(cx) {
             Poll::Ready(()) => {

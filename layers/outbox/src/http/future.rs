@@ -180,6 +180,11 @@ impl Read {
         };
         let body = self.collected.finish();
         match self.action {
+            // NOTE: a redirect is not a delivery (the clients this sender runs on do not
+            // follow them): a wrong URL, parked for a person rather than marked sent.
+            Action::Success if parts.status.is_redirection() => {
+                Err(HttpSendError::answered(parts.status, body, Action::Stop))
+            }
             Action::Success => Ok(Delivered::new(parts, body)),
             action => Err(HttpSendError::answered(parts.status, body, action)),
         }

@@ -55,7 +55,8 @@
 //!
 //! | outcome | the sender answers | the relay |
 //! |---|---|---|
-//! | `2xx`, `3xx` | `Ok(`[`Delivered`]`)` | marks the row sent |
+//! | `2xx` | `Ok(`[`Delivered`]`)` | marks the row sent |
+//! | `3xx` (a redirect, which the sender does not follow) | [`HttpSendError::is_status`], [permanent](HttpSendError::is_permanent) | parks the row: fix the route's URL |
 //! | `408`, `429`, `500`, `502`, `503`, `504`, or `409` with `Retry-After` | [`HttpSendError::is_status`], with the `Retry-After` | `attempts + 1`; the next attempt after the `Retry-After`, or the backoff |
 //! | any other status (`400`, `404`, `422`...) | [`HttpSendError::is_status`], [permanent](HttpSendError::is_permanent) | parks the row |
 //! | the client fails (connect, timeout, a retry layer giving up) | [`HttpSendError::is_transport`] | `attempts + 1`, the backoff |

@@ -96,6 +96,9 @@ impl Route {
         let headers = request.headers_mut();
         headers.clone_from(&self.headers);
         headers.insert(IDEMPOTENCY_KEY, key);
+        // NOTE: the message's extensions (the send's deadline, a retry attempt's mark) travel
+        // on, so that layers under the sender, on this task or another, see them.
+        *request.extensions_mut() = message.extensions().clone();
         Ok(request)
     }
 }

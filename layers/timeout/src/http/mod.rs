@@ -16,4 +16,3 @@ pub mod server;
 pub use self::body::TimeoutBody;
 pub use self::client::{HttpTimeout, HttpTimeoutLayer};
 pub use self::server::{ServerTimeout, ServerTimeoutLayer};
-
