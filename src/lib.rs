@@ -148,22 +148,27 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 #[doc(inline)]
 pub use tower_once_idempotency as idempotency;
 
 #[cfg(feature = "retry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 #[doc(inline)]
 pub use tower_once_retry as retry;
 
 #[cfg(feature = "timeout")]
+#[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
 #[doc(inline)]
 pub use tower_once_timeout as timeout;
 
 #[cfg(feature = "worker")]
+#[cfg_attr(docsrs, doc(cfg(feature = "worker")))]
 #[doc(inline)]
 pub use tower_once_worker as worker;
 
 #[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 #[doc(inline)]
 pub use tower_once_outbox as outbox;
 

@@ -1,9 +1,15 @@
 //! Pieces shared by tower-once's layers: a request/response body that may be held in memory,
-//! a bounded, copy-avoiding chunk collector, and how gRPC traffic is recognised.
+//! a bounded, copy-avoiding chunk collector, how gRPC traffic is recognised and its status
+//! codes, the [`Carrier`](carrier::Carrier) that takes an operation's context along with a
+//! request, the outage backoff and the refill rule of the loops, and clock arithmetic that
+//! never panics.
 //!
-//! Users meet [`body::BufferedBody`] under the names the layers give it
-//! (`tower_once_idempotency::{RequestBody, ResponseBody}`, `tower_once_retry::http::ReplayBody`);
-//! this crate has no API stability of its own beyond theirs.
+//! Users meet these through the layers: [`body::BufferedBody`] as
+//! `tower_once_idempotency::{RequestBody, ResponseBody}` and `tower_once_retry::http::ReplayBody`,
+//! [`grpc::Code`] as `tower_once_idempotency::problem::Code`, [`carrier::Carrier`] as
+//! `tower_once_timeout::Carrier`. So this crate follows semantic versioning as they do: a
+//! breaking change to anything public here is a breaking change of the layers, released with
+//! them.
 
 // Feature-gated items show their feature on docs.rs.
 #![cfg_attr(docsrs, feature(doc_cfg))]

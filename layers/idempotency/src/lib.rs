@@ -139,7 +139,7 @@ pub mod fingerprint;
 mod future;
 pub mod key;
 mod layer;
-mod outcome;
+mod metrics;
 mod path;
 pub mod predicate;
 pub mod problem;

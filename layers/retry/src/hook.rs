@@ -100,43 +100,30 @@ impl Stats {
     /// An operation started (its first attempt is counted by [`attempt`](Self::attempt)).
     pub(crate) fn operation(&self) {
         self.operations.increment();
-        #[cfg(feature = "metrics")]
-        metrics::counter!("tower_once_retry_operations_total").increment(1);
+        crate::metrics::operation();
     }
 
     /// The inner service was called.
     pub(crate) fn attempt(&self) {
         self.attempts.increment();
-        #[cfg(feature = "metrics")]
-        metrics::counter!("tower_once_retry_attempts_total").increment(1);
+        crate::metrics::attempt();
     }
 
     /// A retry was scheduled after `delay`.
     pub(crate) fn retry(&self, delay: std::time::Duration) {
         self.retries.fetch_add(1, Relaxed);
-        #[cfg(feature = "metrics")]
-        {
-            metrics::counter!("tower_once_retry_retries_total").increment(1);
-            metrics::histogram!("tower_once_retry_delay_seconds").record(delay.as_secs_f64());
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = delay;
+        crate::metrics::retry(delay);
     }
 
     /// The budget refused a retry (a give-up is counted too).
     pub(crate) fn budget_refusal(&self) {
         self.budget_refusals.fetch_add(1, Relaxed);
-        #[cfg(feature = "metrics")]
-        metrics::counter!("tower_once_retry_budget_refusals_total").increment(1);
+        crate::metrics::budget_refusal();
     }
 
     /// An operation ended on a retryable outcome without succeeding.
     pub(crate) fn give_up(&self, reason: crate::GiveUp) {
         self.give_ups.fetch_add(1, Relaxed);
-        #[cfg(feature = "metrics")]
-        metrics::counter!("tower_once_retry_give_ups_total", "reason" => reason.as_str())
-            .increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = reason;
+        crate::metrics::give_up(reason);
     }
 }

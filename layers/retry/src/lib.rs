@@ -130,12 +130,15 @@ pub mod grpc;
 pub mod hook;
 pub mod http;
 mod layer;
+mod metrics;
 mod operation;
 #[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
 mod service;
 mod shard;
 #[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic;
 
 pub use self::error::{GiveUp, RetryError};

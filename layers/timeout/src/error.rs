@@ -59,15 +59,7 @@ impl Elapsed {
     /// Counts this expiry in `tower_once_timeout_timeouts_total{bound, layer}` (feature
     /// `metrics`); `layer` is `timeout`, `http_body` or `server`.
     pub(crate) fn record(&self, layer: &'static str) {
-        #[cfg(feature = "metrics")]
-        metrics::counter!(
-            "tower_once_timeout_timeouts_total",
-            "bound" => if self.deadline { "deadline" } else { "limit" },
-            "layer" => layer
-        )
-        .increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = layer;
+        crate::metrics::timed_out(self.deadline, layer);
     }
 }
 

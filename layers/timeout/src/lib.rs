@@ -83,6 +83,7 @@
 mod cap;
 mod deadline;
 mod error;
+mod metrics;
 pub mod grpc;
 pub mod http;
 mod timeout;

@@ -97,6 +97,9 @@
 //! 1.88. Raising it is a minor-version change.
 
 // Library code never unwraps: a panic on input is a bug (tests may).
+// Feature-gated items show their feature on docs.rs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod classify;

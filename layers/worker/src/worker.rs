@@ -2,7 +2,7 @@
 //! gracefully.
 
 use crate::classify::JobClassifier;
-use crate::config::{ConfigError, WorkerConfig};
+use crate::config::WorkerConfig;
 use crate::consume::{self, Ctx};
 use crate::error::WorkerError;
 use crate::fetch::Fetch;
@@ -62,7 +62,7 @@ impl<S> Worker<S> {
         };
         let reader = manager(config.effective_block() + timeout)?;
         let conn = manager(timeout)?;
-        Self::new(config, reader, conn, service).map_err(WorkerError::config)
+        Self::new(config, reader, conn, service)
     }
 }
 
@@ -97,21 +97,21 @@ impl<S> Worker<S, JobClassifier, ClusterConnection> {
         };
         let reader = connect(config.effective_block() + timeout).await?;
         let conn = connect(timeout).await?;
-        Self::new(config, reader, conn, service).map_err(WorkerError::config)
+        Self::new(config, reader, conn, service)
     }
 }
 
 impl<S, Conn> Worker<S, JobClassifier, Conn> {
     /// A worker over two connections of any kind: `reader` carries only the blocking
     /// `XREADGROUP` (its response timeout must exceed [`WorkerConfig::effective_block`]),
-    /// `conn` everything else. Checks the config.
+    /// `conn` everything else. Checks the config ([`WorkerError::is_config`]).
     pub fn new(
         config: WorkerConfig,
         reader: Conn,
         conn: Conn,
         service: S,
-    ) -> Result<Self, ConfigError> {
-        config.validate()?;
+    ) -> Result<Self, WorkerError> {
+        config.validate().map_err(WorkerError::config)?;
         Ok(Self {
             config,
             service,

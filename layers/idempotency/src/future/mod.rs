@@ -18,7 +18,7 @@ use self::finish_on_drop::{FinishOnDrop, Unfinished};
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::Fingerprinter;
-use crate::outcome::Outcome;
+use crate::metrics::Outcome;
 use crate::predicate::StorePredicate;
 use crate::problem::ProblemKind;
 use crate::store::{IdempotencyStore, StoreKey};

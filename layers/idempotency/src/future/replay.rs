@@ -4,7 +4,7 @@
 use crate::body::ResponseBody;
 use crate::config::IDEMPOTENT_REPLAYED;
 use crate::fingerprint::Fingerprint;
-use crate::outcome::Outcome;
+use crate::metrics::Outcome;
 use crate::problem::{ProblemKind, Problems};
 use crate::store::{ExistingRecord, RecordState};
 use http::header::{self, HeaderValue};

@@ -9,7 +9,7 @@ use super::streaming::StreamingClaim;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
-use crate::outcome::Outcome;
+use crate::metrics::Outcome;
 use crate::predicate::StorePredicate;
 use crate::problem::ProblemKind;
 use crate::store::{

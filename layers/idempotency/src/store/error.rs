@@ -11,6 +11,7 @@ use std::fmt;
 /// let err = StoreError::unavailable(std::io::Error::other("connection refused"));
 /// assert!(err.is_unavailable());
 /// assert!(std::error::Error::source(&err).is_some());
+/// assert_eq!(err.to_string(), "idempotency store unavailable: connection refused");
 /// assert!(StoreError::full().is_full());
 /// ```
 #[derive(Debug)]
@@ -81,6 +82,9 @@ impl StoreError {
     }
 }
 
+/// Prints the cause too (`idempotency store unavailable: connection refused`), so that a log
+/// line of the error alone says what went wrong; [`source`](StdError::source) still returns
+/// it, for code that inspects it.
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.kind {
@@ -88,7 +92,11 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Timeout => "idempotency store timed out",
             StoreErrorKind::Full => "idempotency store is full",
             StoreErrorKind::Corrupt => "idempotency store returned a corrupt record",
-        })
+        })?;
+        match &self.source {
+            Some(source) => write!(f, ": {source}"),
+            None => Ok(()),
+        }
     }
 }
 

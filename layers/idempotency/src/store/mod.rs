@@ -57,9 +57,11 @@ mod memory;
 mod record;
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 pub use self::error::StoreError;

@@ -149,6 +149,7 @@ where
                 inner,
                 sleep: tokio::time::sleep_until(cap.until),
                 expired: Some(expired),
+                elapsed: cap.elapsed,
                 cover: self.config.cover_body.then_some((cap.until, cap.elapsed)),
             },
         }
@@ -180,6 +181,7 @@ pin_project! {
             #[pin] inner: F,
             #[pin] sleep: Sleep,
             expired: Option<Response<()>>,
+            elapsed: crate::Elapsed,
             cover: Option<(Instant, crate::Elapsed)>,
         },
         Expired { response: Option<Response<()>> },
@@ -198,6 +200,7 @@ where
                 inner,
                 sleep,
                 expired,
+                elapsed,
                 cover,
             } => {
                 // NOTE: a handler that is ready wins over a timer that fired in the same poll.
@@ -208,9 +211,7 @@ where
                 if sleep.poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                #[cfg(feature = "metrics")]
-                metrics::counter!("tower_once_timeout_timeouts_total", "bound" => "limit", "layer" => "server")
-                    .increment(1);
+                elapsed.record("server");
                 tracing::debug!("handler timed out; answering without it");
                 expired.take()
             }

@@ -1,4 +1,6 @@
-//! How a covered request ended, for the `tracing` span and the metrics.
+//! How a covered request ended, and the `metrics` feature's counter of it, in one place: the
+//! `outcome` field of the `idempotency` span and `tower_once_idempotency_requests_total{outcome}`
+//! use the same words.
 
 use tracing::Span;
 
