@@ -18,6 +18,7 @@
 
 pub mod body;
 pub mod carrier;
+pub mod chain;
 pub mod outage;
 pub mod slots;
 pub mod time;

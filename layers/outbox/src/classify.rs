@@ -49,16 +49,7 @@ fn carried(error: &dyn Any) -> Option<Action> {
         return Some(sent.action());
     }
     let boxed = error.downcast_ref::<BoxError>()?;
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&**boxed);
-    // Error chains are short; the bound guards against a cyclic `source()`.
-    for _ in 0..32 {
-        let error = current?;
-        if let Some(sent) = error.downcast_ref::<HttpSendError>() {
-            return Some(sent.action());
-        }
-        current = error.source();
-    }
-    None
+    tower_once_core::chain::find::<HttpSendError>(&**boxed).map(HttpSendError::action)
 }
 
 #[cfg(not(feature = "http"))]

@@ -235,13 +235,8 @@ fn to_status<E: Into<BoxError>>(error: RetryError<E>) -> tonic::Status {
 }
 
 fn timed_out(error: &(dyn StdError + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        // A `Channel` enforces the `grpc-timeout` it sends, with its own error.
-        if error.is::<Elapsed>() || error.is::<tonic::TimeoutExpired>() {
-            return true;
-        }
-        next = error.source();
-    }
-    false
+    // A `Channel` enforces the `grpc-timeout` it sends, with its own error.
+    tower_once_core::chain::any(error, |e| {
+        e.is::<Elapsed>() || e.is::<tonic::TimeoutExpired>()
+    })
 }

@@ -83,9 +83,9 @@
 mod cap;
 mod deadline;
 mod error;
-mod metrics;
 pub mod grpc;
 pub mod http;
+mod metrics;
 mod timeout;
 
 pub use self::deadline::{Deadline, InScope};

@@ -75,19 +75,13 @@ impl Permanence for BoxError {
 
 /// The first [`JobError`] mark in a boxed error's `source()` chain: its permanence and delay.
 fn job_error(error: &BoxError) -> Option<(bool, Option<Duration>)> {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&**error);
-    // Error chains are short; the bound guards against a cyclic `source()`.
-    for _ in 0..32 {
-        let err = current?;
+    tower_once_core::chain::find_map(&**error, |err| {
         if let Some(job) = err.downcast_ref::<JobError>() {
             return Some((job.is_permanent(), job.redelivery_delay()));
         }
-        if let Some(job) = err.downcast_ref::<RunOnceError<JobError>>() {
-            return Some((job.is_permanent(), job.redelivery_delay()));
-        }
-        current = err.source();
-    }
-    None
+        let job = err.downcast_ref::<RunOnceError<JobError>>()?;
+        Some((job.is_permanent(), job.redelivery_delay()))
+    })
 }
 
 impl<E: Permanence> Permanence for RetryError<E> {
