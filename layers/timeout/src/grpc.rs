@@ -19,7 +19,7 @@ pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-t
 const MAX: u64 = 99_999_999;
 
 /// Encodes `timeout` in the finest unit whose value fits in 8 digits, rounding up so that a
-/// positive budget never encodes as zero. Budgets beyond 99 999 999 hours are clamped.
+/// positive time left never encodes as zero. Beyond 99 999 999 hours it is clamped.
 pub fn encode(timeout: Duration) -> HeaderValue {
     let nanos = timeout.as_nanos().max(1);
     let units: [(u128, char); 6] = [
@@ -99,15 +99,15 @@ mod tests {
 
     proptest! {
         #[test]
-        fn encoded_values_decode_to_at_least_the_budget(nanos in 0u64..u64::MAX / 4) {
-            let budget = Duration::from_nanos(nanos);
-            let value = encode(budget);
+        fn encoded_values_decode_to_at_least_the_time_left(nanos in 0u64..u64::MAX / 4) {
+            let left = Duration::from_nanos(nanos);
+            let value = encode(left);
             prop_assert!(value.len() <= 9, "8 digits and a unit: {:?}", value);
             let back = decode(value.as_bytes()).unwrap();
-            prop_assert!(back >= budget, "never shorter than the budget");
+            prop_assert!(back >= left, "never shorter than the time left");
             // Rounded up by less than one unit; a coarser unit is only chosen once the value in
             // it is at least 10^5, so the excess is within 1 part in 10^5 (+1 ns).
-            prop_assert!(back - budget <= budget / 100_000 + Duration::from_nanos(1));
+            prop_assert!(back - left <= left / 100_000 + Duration::from_nanos(1));
         }
 
         #[test]
