@@ -12,13 +12,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::worker::{eventually, first_pending, manager, pending, start, xadd};
-use support::RedisServer;
 use tokio::time::Instant;
 use tower::Layer;
 use tower_once::idempotency::store::MemoryStore;
 use tower_once::worker::dead_letter::DeadLetters;
 use tower_once::worker::redis::{self, Value};
 use tower_once::worker::{Job, JobError, RunOnceLayer, Worker, WorkerConfig};
+use tower_once_test_support::redis::RedisServer;
 
 /// One handler call: the delivery count it saw, when it started and when it returned.
 #[derive(Clone, Copy, Debug)]

@@ -2,8 +2,6 @@
 //! processes (started by `tests/support`).
 #![cfg(feature = "redis")]
 
-mod support;
-
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -11,10 +9,10 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use support::RedisServer;
 use tower::{Layer, Service, ServiceExt};
 use tower_once::idempotency::store::redis::RedisStore;
 use tower_once::idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_test_support::redis::RedisServer;
 
 type Handler = tower::util::BoxCloneSyncService<
     Request<RequestBody<Full<Bytes>>>,

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::worker::{eventually, manager, pending, start, xadd};
-use support::RedisServer;
 use tower::{Layer, ServiceExt};
 use tower_once::idempotency::store::MemoryStore;
 use tower_once::worker::redis::aio::{ConnectionLike, ConnectionManager};
 use tower_once::worker::redis::{self, RedisFuture, Value};
 use tower_once::worker::{Job, JobError, Producer, RunOnceLayer, Worker, WorkerConfig};
+use tower_once_test_support::redis::RedisServer;
 
 /// One `XRANGE` row: the entry id and its field/value pairs.
 type Row = (String, Vec<(Vec<u8>, Vec<u8>)>);

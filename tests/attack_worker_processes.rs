@@ -7,7 +7,7 @@ mod support;
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use support::RedisServer;
+use tower_once_test_support::redis::RedisServer;
 
 const CLAIM_IDLE_MS: &str = "400";
 const LIMIT: Duration = Duration::from_secs(40);

@@ -2,12 +2,10 @@
 //! its own. One test in its own binary, as the recorder is process-global.
 #![cfg(all(feature = "metrics", feature = "outbox"))]
 
-mod support;
-
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use support::PgDatabase;
 use tower_once::outbox::classify::Action;
 use tower_once::outbox::{sqlx, Outbox, OutboxMessage, OutboxRelay, RelayConfig};
+use tower_once_test_support::postgres::Database;
 
 #[tokio::test]
 async fn the_relay_counts_sends_by_outcome_under_stable_names() {
@@ -16,7 +14,7 @@ async fn the_relay_counts_sends_by_outcome_under_stable_names() {
     recorder
         .install()
         .expect("the only recorder in this binary");
-    let db = PgDatabase::create();
+    let db = Database::create();
     let pool = sqlx::PgPool::connect(&db.url()).await.unwrap();
     let outbox = Outbox::new(pool.clone());
     outbox.migrate().await.unwrap();

@@ -9,8 +9,11 @@ mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::http;
 use support::pipeline::{eventually, settle, Pipeline, DEAD, LIMIT, STREAM};
-use support::{free_port, http, wait_for_port, PgDatabase, RedisServer};
+use tower_once_test_support::ports::{free_port, wait_for_port};
+use tower_once_test_support::postgres::Database;
+use tower_once_test_support::redis::RedisServer;
 
 #[test]
 fn a_summary_request_runs_once_and_sends_one_email() {
@@ -289,7 +292,7 @@ fn two_relays_draining_one_outbox_send_every_row_once() {
 #[test]
 fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
     let redis = RedisServer::start();
-    let db = PgDatabase::create();
+    let db = Database::create();
     let base = free_port();
     let binary = support::example_binary_with("pipeline", "worker outbox");
     let mut child = Command::new(binary)

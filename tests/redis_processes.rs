@@ -11,7 +11,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{DemoServer, RedisServer};
+use support::DemoServer;
+use tower_once_test_support::redis::RedisServer;
 
 const ORDER: &str = r#"{"order_id":"A","amount":500}"#;
 

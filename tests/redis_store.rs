@@ -2,8 +2,6 @@
 //! three-master cluster, round trips per request, and failing closed while Redis is down.
 #![cfg(feature = "redis")]
 
-mod support;
-
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -11,11 +9,11 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{RedisCluster, RedisServer};
 use tower::{Layer, Service, ServiceExt};
 use tower_once::idempotency::store::conformance::{RealClock, Suite};
 use tower_once::idempotency::store::redis::RedisStore;
 use tower_once::idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_test_support::redis::{RedisCluster, RedisServer};
 
 /// Leases short enough for a real clock, long enough for a loaded 2-core machine.
 const LEASE: Duration = Duration::from_millis(400);

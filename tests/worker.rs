@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::worker::{eventually, first_pending, manager, pending, start, xadd, LIMIT};
-use support::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_once::idempotency::store::redis::RedisStore;
@@ -22,6 +21,8 @@ use tower_once::retry::RetryLayer;
 use tower_once::worker::dead_letter::DeadLetters;
 use tower_once::worker::redis::{self, Value};
 use tower_once::worker::{Job, JobError, JobId, Producer, RunOnceLayer, Worker, WorkerConfig};
+use tower_once_test_support::ports::free_port;
+use tower_once_test_support::redis::{RedisCluster, RedisServer};
 
 const CLAIM_IDLE: Duration = Duration::from_millis(300);
 
@@ -771,7 +772,7 @@ async fn an_untagged_stream_on_a_cluster_still_dead_letters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_of_a_persistent_redis_loses_no_entry() {
     let aof = ["--appendonly", "yes", "--appendfsync", "always"];
-    let mut server = RedisServer::start_with(support::free_port(), &aof);
+    let mut server = RedisServer::start_with(free_port(), &aof);
     let log = Log::default();
     let svc = handler(&log, |_| Ok(Duration::from_millis(300)));
     {

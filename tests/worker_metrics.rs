@@ -2,12 +2,11 @@
 //! recording backend. Its own test binary, as the recorder is process-global.
 #![cfg(all(feature = "metrics", feature = "worker"))]
 
-mod support;
-
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::{Duration, Instant};
 use tower_once::worker::redis::{self, aio::ConnectionManager};
 use tower_once::worker::{Job, JobError, Worker, WorkerConfig};
+use tower_once_test_support::redis::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_reports_with_stable_names() {
@@ -17,7 +16,7 @@ async fn the_worker_reports_with_stable_names() {
         .install()
         .expect("the only recorder in this binary");
 
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let mut conn = ConnectionManager::new(redis::Client::open(server.url()).unwrap())
         .await
         .unwrap();

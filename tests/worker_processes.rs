@@ -8,7 +8,7 @@ mod support;
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use support::RedisServer;
+use tower_once_test_support::redis::RedisServer;
 
 /// Short enough for quick takeovers, long enough for a loaded 2-core machine.
 const CLAIM_IDLE_MS: &str = "400";
