@@ -4,8 +4,6 @@
 #![allow(dead_code)] // each test binary uses part of this module
 
 pub(crate) mod pipeline;
-#[cfg(feature = "worker")]
-pub(crate) mod worker;
 
 use std::net::TcpStream;
 use std::path::PathBuf;

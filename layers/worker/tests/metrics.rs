@@ -1,12 +1,13 @@
-//! The worker's `metrics` names and labels against a real `redis-server`, checked with a
-//! recording backend. Its own test binary, as the recorder is process-global.
-#![cfg(all(feature = "metrics", feature = "worker"))]
+//! The worker's `metrics` names and labels (worker crate docs, "Feature flags"; README
+//! "Observability") against a real `redis-server`, checked with a recording backend. Its own test
+//! binary, as the recorder is process-global.
+#![cfg(feature = "metrics")]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::{Duration, Instant};
-use tower_once::worker::redis::{self, aio::ConnectionManager};
-use tower_once::worker::{Job, JobError, Worker, WorkerConfig};
 use tower_once_test_support::redis::RedisServer;
+use tower_once_worker::redis::{self, aio::ConnectionManager};
+use tower_once_worker::{Job, JobError, Worker, WorkerConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_reports_with_stable_names() {

@@ -1,24 +1,22 @@
-//! Attacks on the worker's redelivery delay (`JobError::redeliver_after`, commit bd55127).
-//!
-//! Tests named `break_*` fail: each shows a promise of the feature that does not hold (README
-//! worker section, `tower_once_worker` docs: "redelivered after about `d` (at most
-//! `claim_idle`)", "never earlier than `d`"). Tests named `holds_*` pass: attacks that the
-//! feature withstood. Every wait is bounded; each test runs in a few seconds.
-#![cfg(feature = "worker")]
+//! The redelivery delay (README "The Redis Streams worker", worker crate docs "Semantics": a
+//! transient `Err` with `JobError::redeliver_after(d)` is redelivered after about `d`, never
+//! earlier, at most `claim_idle`), against real `redis-server` processes. The documented limits (a
+//! delay shorter than `block`; consumers of one group with different `claim_idle`) are ignored
+//! tests. Every wait is bounded; each test runs in a few seconds.
 
 mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::worker::{eventually, first_pending, manager, pending, start, xadd};
+use support::{eventually, first_pending, manager, pending, start, xadd};
 use tokio::time::Instant;
 use tower::Layer;
-use tower_once::idempotency::store::MemoryStore;
-use tower_once::worker::dead_letter::DeadLetters;
-use tower_once::worker::redis::{self, Value};
-use tower_once::worker::{Job, JobError, RunOnceLayer, Worker, WorkerConfig};
+use tower_once_idempotency::store::MemoryStore;
 use tower_once_test_support::redis::RedisServer;
+use tower_once_worker::dead_letter::DeadLetters;
+use tower_once_worker::redis::{self, Value};
+use tower_once_worker::{Job, JobError, RunOnceLayer, Worker, WorkerConfig};
 
 /// One handler call: the delivery count it saw, when it started and when it returned.
 #[derive(Clone, Copy, Debug)]
@@ -97,9 +95,64 @@ fn transient(delay: Duration) -> Result<(), JobError> {
     Err(JobError::transient("429 from upstream").redeliver_after(delay))
 }
 
-// ---------------------------------------------------------------------------------------------
-// Breaks
-// ---------------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_error_with_a_delay_is_redelivered_after_it_not_after_claim_idle() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = support::Log::default();
+    // The upstream says "retry in 300 ms" once; claim_idle is a minute, so without the delay
+    // the second delivery would come a minute later, after this test gave up.
+    let svc = support::handler(&log, |job| {
+        if job.deliveries() == 1 {
+            Err(JobError::transient("429 from upstream")
+                .redeliver_after(Duration::from_millis(300)))
+        } else {
+            Ok(Duration::ZERO)
+        }
+    });
+    // Longer than claim_idle: cut to it, so held back exactly as without a delay.
+    let long = support::handler(&log, |_| {
+        Err(JobError::transient("503").redeliver_after(Duration::from_secs(3600)))
+    });
+    xadd(&mut conn, "soon", "job-soon", "{}").await;
+    xadd(&mut conn, "late", "job-late", "{}").await;
+    let minute = Duration::from_secs(60);
+    let soon = start!(Worker::connect(
+        &server.url(),
+        support::config("soon", "w1")
+            .claim_idle(minute)
+            .block(Duration::from_millis(100)),
+        svc
+    )
+    .unwrap());
+    let late = start!(Worker::connect(
+        &server.url(),
+        support::config("late", "w1")
+            .claim_idle(minute)
+            .block(Duration::from_millis(100)),
+        long
+    )
+    .unwrap());
+    eventually("the early second delivery", || async {
+        log.calls("job-soon") == 2
+    })
+    .await;
+    eventually("the acknowledgement", || async {
+        pending(&mut conn.clone(), "soon").await == 0
+    })
+    .await;
+    assert_eq!(log.deliveries("job-soon"), [1, 2]);
+    eventually("the long one failed once", || async {
+        log.calls("job-late") == 1
+    })
+    .await;
+    // Its idle time starts over (held back a whole claim_idle), not past it.
+    let (_, idle_ms) = first_pending(&mut conn, "late").await;
+    assert!((0..30_000).contains(&idle_ms), "idle {idle_ms} ms");
+    soon.stop().await;
+    late.stop().await;
+    assert_eq!(log.calls("job-late"), 1, "not redelivered early");
+}
 
 /// Documented limit (README, worker crate docs): with the default `block` (2 s) a 100 ms delay
 /// comes back after about 2 s when the fetcher was already parked in `XREADGROUP ... BLOCK`
@@ -108,7 +161,7 @@ fn transient(delay: Duration) -> Result<(), JobError> {
 /// delivered entries to this consumer. Set a shorter `block` for delays shorter than it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "documented limit: a delay shorter than `block` waits for the read in progress"]
-async fn break_a_short_delay_waits_out_the_blocking_read() {
+async fn a_short_delay_waits_out_the_blocking_read() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -137,12 +190,12 @@ async fn break_a_short_delay_waits_out_the_blocking_read() {
     );
 }
 
-/// Was a break, now fixed: two entries ask at once, A for 1.6 s, then B for 100 ms. The
-/// fetcher kept only the earliest moment, and the early pass for B pushed the regular pass
-/// `claim_idle / 2` later, so A came back after about 2.25 s, past `claim_idle` (2 s). The
-/// fetcher now keeps every requested moment (a bounded heap).
+/// Two entries ask at once, A for 1.6 s, then B for 100 ms: each comes back as asked, A within
+/// `claim_idle` (2 s), as the fetcher keeps every requested moment (a bounded heap). Was broken: it
+/// kept only the earliest moment, and the early pass for B pushed the regular pass `claim_idle / 2`
+/// later, so A came back after about 2.25 s, past `claim_idle`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn break_a_later_delay_is_lost_behind_an_earlier_one_and_exceeds_claim_idle() {
+async fn a_later_delay_behind_an_earlier_one_still_comes_back_within_claim_idle() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -182,7 +235,7 @@ async fn break_a_later_delay_is_lost_behind_an_earlier_one_and_exceeds_claim_idl
 /// 1.2 s asked for and earlier than W2 would have without any delay (1.5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "documented limit: every consumer of a group must use the same claim_idle"]
-async fn break_a_consumer_with_a_shorter_claim_idle_redelivers_before_the_delay() {
+async fn a_consumer_with_a_shorter_claim_idle_redelivers_before_the_delay() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -217,15 +270,11 @@ async fn break_a_consumer_with_a_shorter_claim_idle_redelivers_before_the_delay(
     );
 }
 
-// ---------------------------------------------------------------------------------------------
-// What held up
-// ---------------------------------------------------------------------------------------------
-
 /// `d = 0` on every delivery: redelivered at once each time, but delivery counts still grow
 /// (XCLAIM JUSTID does not count) and `max_deliveries` dead-letters it; no busy loop beyond
 /// one delivery per read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_zero_delay_still_dead_letters_at_max_deliveries() {
+async fn a_zero_delay_still_dead_letters_at_max_deliveries() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -257,7 +306,7 @@ async fn holds_zero_delay_still_dead_letters_at_max_deliveries() {
 /// `d = Duration::MAX`: cut to `claim_idle` (idle reset to 0), no panic, redelivered after
 /// `claim_idle` (plus at most one regular pass), not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_max_delay_is_cut_to_claim_idle() {
+async fn the_longest_delay_is_cut_to_claim_idle() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -285,7 +334,7 @@ async fn holds_max_delay_is_cut_to_claim_idle() {
 /// The entry was taken over by another consumer while its handler ran here: the delay script
 /// leaves it alone (owner and idle time unchanged) and this worker does not run it early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_another_consumers_entry_is_not_touched() {
+async fn another_consumers_entry_is_not_touched() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -334,7 +383,7 @@ async fn holds_another_consumers_entry_is_not_touched() {
 /// redelivery runs the handler (not "in progress") and its delay is found through
 /// `RunOnceError`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_run_once_early_redelivery_runs_the_handler() {
+async fn a_run_once_early_redelivery_runs_the_handler() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
@@ -364,7 +413,7 @@ async fn holds_run_once_early_redelivery_runs_the_handler() {
 /// The worker stops right after holding an entry back: the delay is in Redis, so the next
 /// worker (same claim_idle) takes it over no earlier than asked and before claim_idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_shutdown_after_a_delay_next_worker_respects_it() {
+async fn after_a_shutdown_the_next_worker_respects_the_delay() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let log = Log::default();
