@@ -1,4 +1,9 @@
-//! Attacks on record identity behind axum routing (guarantee 1).
+//! Record identity behind axum routing (README "What the idempotency layer answers": the same key
+//! to another method or path, as the client addressed it, prefix of an axum `nest` included, is a
+//! separate record; crate docs: a record belongs to the path the client addressed): path spellings
+//! axum routes to one resource share one record, and every router shape (nest inside nest,
+//! `nest_service`, a fallback service, `merge`, the layer outside the router) keeps resources
+//! apart. Every test counts handler runs.
 
 use axum::extract::Path;
 use axum::routing::post;
@@ -54,10 +59,10 @@ where
     )
 }
 
-/// Was a break found by the attack, now fixed. axum routes `/accounts/%61/charges` to the same handler as `/accounts/a/charges`
-/// (the `Path` extractor percent-decodes `%61` to `a`), so it is the same resource; but the
-/// record identity hashes the raw `OriginalUri` path (store/mod.rs `addressed_path`), so the same
-/// key and body make the charge on account `a` twice.
+/// axum routes `/accounts/%61/charges` to the same handler as `/accounts/a/charges` (the `Path`
+/// extractor percent-decodes `%61` to `a`): it is the same resource, so the same key and body share
+/// one record and charge account `a` once. Was broken: the record identity hashed the raw
+/// `OriginalUri` path (store/mod.rs `addressed_path`), so they charged it twice.
 #[tokio::test]
 async fn a_percent_encoded_path_is_the_same_resource_and_the_same_record() {
     let runs = Runs::default();
@@ -76,7 +81,8 @@ async fn a_percent_encoded_path_is_the_same_resource_and_the_same_record() {
     );
 }
 
-/// Was a break found by the attack, now fixed: holds if axum routes both spellings; the same without `nest` (a plain route with the layer).
+/// The same without `nest` (a plain route with the layer): when axum routes both spellings, they
+/// share one record. Was broken as with `nest`.
 #[tokio::test]
 async fn a_percent_encoded_path_without_nest_is_a_separate_record_too() {
     let runs = Runs::default();
@@ -94,7 +100,7 @@ async fn a_percent_encoded_path_without_nest_is_a_separate_record_too() {
     );
 }
 
-/// HOLDS (coverage): trailing slash. Reports whether axum routes `/payments/` to the nested
+/// Trailing slash. Reports whether axum routes `/payments/` to the nested
 /// `/payments` root; if it does, the two must share a record.
 #[tokio::test]
 async fn trailing_slash_variant() {
@@ -139,7 +145,7 @@ where
     assert_eq!(runs.total(), 2);
 }
 
-/// HOLDS: nest inside nest, the layer on the innermost router.
+/// Nest inside nest, the layer on the innermost router.
 #[tokio::test]
 async fn nest_inside_nest() {
     let runs = Runs::default();
@@ -156,7 +162,7 @@ async fn nest_inside_nest() {
     .await;
 }
 
-/// HOLDS: `nest_service` with two prefixes sharing one store.
+/// `nest_service` with two prefixes sharing one store.
 #[tokio::test]
 async fn nest_service_sharing_a_store() {
     let runs = Runs::default();
@@ -178,7 +184,7 @@ async fn nest_service_sharing_a_store() {
     .await;
 }
 
-/// HOLDS: a layered Router used as a fallback service of a nested router, and `merge`.
+/// A layered Router used as a fallback service of a nested router, and `merge`.
 #[tokio::test]
 async fn fallback_service_and_merge() {
     let runs = Runs::default();
@@ -203,7 +209,7 @@ async fn fallback_service_and_merge() {
     .await;
 }
 
-/// HOLDS: the layer outside the Router (ServiceBuilder), where axum has not set OriginalUri.
+/// The layer outside the Router (ServiceBuilder), where axum has not set OriginalUri.
 #[tokio::test]
 async fn service_builder_outside_the_router() {
     let runs = Runs::default();

@@ -1,5 +1,9 @@
-//! Attacks on the Redis store's lost-claim release (guarantee 5) with real redis-server
-//! processes (started by `tests/support`).
+//! `RedisStore` through Redis hiccups (README "Use it with axum": every command has a 1 s timeout,
+//! the layer answers `503` while Redis is unreachable and recovers on its own; "What the
+//! idempotency layer answers": a handler runs once per key): a Redis frozen longer than the
+//! background release's schedule, a stall or a connection reset just as a handler finishes, on a
+//! cold or a warm script cache. Real `redis-server` processes (SIGSTOP, `CLIENT KILL`); every test
+//! counts handler runs.
 #![cfg(feature = "redis")]
 
 use bytes::Bytes;
@@ -10,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
-use tower_once::idempotency::store::redis::RedisStore;
-use tower_once::idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_idempotency::store::redis::RedisStore;
+use tower_once_idempotency::{IdempotencyLayer, RequestBody};
 use tower_once_test_support::redis::RedisServer;
 
 type Handler = tower::util::BoxCloneSyncService<
@@ -38,7 +42,7 @@ async fn call<S>(svc: S, key: &str) -> (StatusCode, bool)
 where
     S: Service<
         Request<Full<Bytes>>,
-        Response = Response<tower_once::idempotency::ResponseBody<Full<Bytes>>>,
+        Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
         Error = Infallible,
     >,
 {
@@ -53,22 +57,22 @@ where
     (status, replayed)
 }
 
-/// Was a break found by the attack, now fixed. The background release of a timed-out claim gives up after 4 tries
-/// (`RELEASE_TRIES`/`RELEASE_PAUSE` in future/claim.rs, about 3 s with a 300 ms command
-/// timeout). When Redis is frozen longer than that, the claim still lands when it wakes up but
-/// nothing releases it any more, so the client's retry after the hiccup gets 409 for the whole
-/// lease (10 s) instead of running "within about 1-2 s".
+/// A claim that timed out during a Redis freeze longer than the background release's schedule
+/// (`RELEASE_TRIES`/`RELEASE_PAUSE` in future/claim.rs, about 3 s with a 300 ms command timeout) is
+/// still released soon after Redis wakes: the client's retry after the hiccup runs within about two
+/// seconds. Was broken: the claim landed when Redis woke but nothing released it any more, so the
+/// retry got 409 for the whole lease (10 s).
 #[tokio::test]
 async fn a_freeze_longer_than_the_release_schedule_frees_the_key_soon_after() {
     freeze_then_retry(false).await;
 }
 
-/// HOLDS (control for the diagnosis): the same 4 s freeze, after the process has released one
-/// key before (so the release script is in Redis's script cache). The release commands queued
-/// during the freeze then run after the claim when Redis wakes, and the retry runs at once.
-/// The difference shows the cause: in the failing case the queued `EVALSHA release` answers
-/// `NOSCRIPT`, and the load-and-retry that redis-rs does on `NOSCRIPT` is dropped with the
-/// future that `tokio::time::timeout` already abandoned (store/redis.rs `run`).
+/// The same 4 s freeze, after the process has released one key before (so the release script is in
+/// Redis's script cache): the release commands queued during the freeze run after the claim when
+/// Redis wakes, and the retry runs at once. This one held before the fix too, which showed the
+/// cause: on a cold cache the queued `EVALSHA release` answered `NOSCRIPT`, and the load-and-retry
+/// that redis-rs does on `NOSCRIPT` was dropped with the future that `tokio::time::timeout` had
+/// already abandoned (store/redis.rs `run`).
 #[tokio::test]
 async fn the_same_freeze_with_the_release_script_cached() {
     freeze_then_retry(true).await;
@@ -86,7 +90,7 @@ async fn freeze_then_retry(warm_release: bool) {
         redis.cli(&[
             "SCRIPT",
             "LOAD",
-            tower_once::idempotency::store::redis::RELEASE_SCRIPT,
+            tower_once_idempotency::store::redis::RELEASE_SCRIPT,
         ]);
     }
 
@@ -127,20 +131,19 @@ async fn freeze_then_retry(warm_release: bool) {
     assert_eq!(runs.load(SeqCst), 2);
 }
 
-/// Was a break found by the attack, now fixed. The same `NOSCRIPT` hole on the completion path, where it costs a second run of the
-/// handler. On a Redis whose script cache is empty (a fresh server, a restart or a failover to a
-/// replica), the first request claims (the claim script is loaded inside that command's future),
-/// its handler runs, and Redis stalls just as it finishes: `EVALSHA complete` times out (the
-/// client still gets its 201). When Redis wakes, the queued `EVALSHA` answers `NOSCRIPT` and the
-/// load-and-retry is gone with the abandoned future, so the response is never stored; the lease
-/// lapses and the client's retry runs the handler again. Control: the same with the complete
-/// script already cached stores the response (see the next test).
+/// A Redis stall just as a handler finishes, on a Redis whose script cache is empty (a fresh
+/// server, a restart or a failover to a replica): `EVALSHA complete` times out (the client still
+/// gets its 201), and the handler still runs once: the client's retry after the stall never runs it
+/// again. Was broken: when Redis woke, the queued `EVALSHA` answered `NOSCRIPT` and the
+/// load-and-retry was gone with the abandoned future, so the response was never stored, the lease
+/// lapsed and the retry ran the handler again. The control, with the script cached, is the next
+/// test.
 #[tokio::test]
 async fn a_stall_at_completion_on_a_cold_script_cache_runs_the_handler_once() {
     assert_eq!(stall_at_completion(false).await, 1, "the handler ran twice");
 }
 
-/// HOLDS (control): the complete script is cached; the queued completion lands after the stall
+/// The complete script is cached; the queued completion lands after the stall
 /// and the retry is replayed.
 #[tokio::test]
 async fn a_stall_at_completion_with_the_script_cached_is_replayed() {
@@ -153,7 +156,7 @@ async fn stall_at_completion(cached: bool) -> usize {
         redis.cli(&[
             "SCRIPT",
             "LOAD",
-            tower_once::idempotency::store::redis::COMPLETE_SCRIPT,
+            tower_once_idempotency::store::redis::COMPLETE_SCRIPT,
         ]);
     }
     let store = RedisStore::connect_with_timeout(&redis.url(), Duration::from_millis(300))
@@ -203,11 +206,11 @@ async fn stall_at_completion(cached: bool) -> usize {
     runs.load(SeqCst)
 }
 
-/// Was a break found by the attack, now fixed. A connection reset (Redis `CLIENT KILL`, a proxy or failover dropping connections)
-/// just as the handler finishes: the single `complete` command fails on the dead connection and
-/// is never retried (`ClaimGuard::complete` / `poll_finish`, future/claim.rs: one attempt; the
-/// release path gets four). The response is not stored, the record stays in progress until its
-/// lease ends, and the client's retry then runs the handler a second time.
+/// A connection reset (Redis `CLIENT KILL`, a proxy or failover dropping connections) just as the
+/// handler finishes: the handler runs once, and the client's retry never runs it again. Was broken:
+/// the single `complete` command failed on the dead connection and was never retried (the release
+/// path got four tries), so the record stayed in progress until its lease ended and the retry then
+/// ran the handler a second time.
 #[tokio::test]
 async fn a_connection_reset_at_completion_runs_the_handler_once() {
     let redis = RedisServer::start();
@@ -244,12 +247,12 @@ async fn a_connection_reset_at_completion_runs_the_handler_once() {
     redis.cli(&[
         "SCRIPT",
         "LOAD",
-        tower_once::idempotency::store::redis::RELEASE_SCRIPT,
+        tower_once_idempotency::store::redis::RELEASE_SCRIPT,
     ]);
     redis.cli(&[
         "SCRIPT",
         "LOAD",
-        tower_once::idempotency::store::redis::EXTEND_SCRIPT,
+        tower_once_idempotency::store::redis::EXTEND_SCRIPT,
     ]);
     runs.store(0, SeqCst);
     let first = tokio::spawn(call(svc.clone(), "pay"));

@@ -1,6 +1,10 @@
-//! `RedisStore` against real `redis-server` processes: the store contract on one server and on a
-//! three-master cluster, round trips per request, and failing closed while Redis is down.
-#![cfg(feature = "redis")]
+//! `RedisStore` against real `redis-server` processes (README "Use it with axum": each operation is
+//! one single-key Lua script, on one server or a Redis Cluster; a fresh request costs 2 round
+//! trips, a replay, conflict or mismatch 1; while Redis is unreachable the layer answers `503`
+//! without running handlers and recovers on its own): the store contract on one server and on a
+//! three-master cluster, round trips counted from `INFO commandstats`, a lost script cache, and
+//! failing closed while Redis is down.
+#![cfg(all(feature = "redis", feature = "conformance"))]
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -10,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
-use tower_once::idempotency::store::conformance::{RealClock, Suite};
-use tower_once::idempotency::store::redis::RedisStore;
-use tower_once::idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_idempotency::store::conformance::{RealClock, Suite};
+use tower_once_idempotency::store::redis::RedisStore;
+use tower_once_idempotency::{IdempotencyLayer, RequestBody};
 use tower_once_test_support::redis::{RedisCluster, RedisServer};
 
 /// Leases short enough for a real clock, long enough for a loaded 2-core machine.
@@ -281,7 +285,7 @@ async fn created_within_5s<S>(svc: S, key: &str) -> bool
 where
     S: Service<
             Request<Full<Bytes>>,
-            Response = Response<tower_once::idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
             Error = Infallible,
         > + Clone,
 {
@@ -320,7 +324,7 @@ async fn call<S>(svc: S, key: &str, body: &'static str) -> (StatusCode, bool)
 where
     S: Service<
         Request<Full<Bytes>>,
-        Response = Response<tower_once::idempotency::ResponseBody<Full<Bytes>>>,
+        Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
         Error = Infallible,
     >,
 {
@@ -393,7 +397,7 @@ async fn created_or_replayed_within_5s<S>(svc: S, key: &str) -> bool
 where
     S: Service<
             Request<Full<Bytes>>,
-            Response = Response<tower_once::idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
             Error = Infallible,
         > + Clone,
 {

@@ -1,6 +1,8 @@
-//! Attacks on the MemoryStore's byte bound and per-scope fairness (guarantee 4).
-//!
-//! FAILING tests demonstrate breaks; see the comment on each.
+//! The in-memory store's bounds and fairness (`MemoryStore` docs; README "What the idempotency
+//! layer answers": "The in-memory store shares its room fairly"), through the store's public API
+//! and through the layer on an axum `Router`: byte pressure drops responses but never a key whose
+//! handler ran, and a tenant's flood of fresh keys or claims in progress never costs another tenant
+//! a completed record. Paused time.
 
 use http::StatusCode;
 use std::time::Duration;
@@ -49,10 +51,10 @@ async fn state(store: &MemoryStore, key: StoreKey) -> &'static str {
     }
 }
 
-/// Was a break found by the attack, now fixed. Byte pressure evicts a *not-replayable* record, which holds zero bytes: evicting it
-/// frees nothing, and the key whose handler already ran becomes absent, so its retry runs the
-/// handler a second time. (Victims come from `ScopeUse::completed`, which also indexes
-/// not-replayable records; `do_complete`'s byte loop takes the oldest whatever its size.)
+/// Byte pressure never evicts a not-replayable record: it holds zero bytes, so evicting it would
+/// free nothing, and the key whose handler already ran would become absent, its retry running the
+/// handler a second time. Was broken: the victims came from an index that also held not-replayable
+/// records, and the byte loop took the oldest whatever its size.
 #[tokio::test(start_paused = true)]
 async fn byte_pressure_never_evicts_a_zero_byte_not_replayable_record() {
     // 10 entries: one shard, exact bounds.
@@ -83,11 +85,10 @@ async fn byte_pressure_never_evicts_a_zero_byte_not_replayable_record() {
     );
 }
 
-/// Was a break found by the attack, now fixed. A scope flooding the store with in-progress claims (slow or hanging requests,
-/// renewed leases) holds the most, but has nothing evictable; `Shard::victim` then skips it and
-/// makes the *next* largest scope pay, so an ordinary third tenant's new key evicts tenant B's
-/// completed payment. "The scope holding the most pays" does not hold, and A's flood costs B
-/// its record.
+/// A scope flooding the store with in-progress claims (slow or hanging requests, renewed leases)
+/// holds the most but has nothing evictable: its flood never makes a bystander pay, so an ordinary
+/// third tenant's new key never evicts tenant B's completed payment ("the scope holding the most
+/// pays"). Was broken: `Shard::victim` skipped the flooder and made the next largest scope pay.
 #[tokio::test(start_paused = true)]
 async fn an_in_progress_flood_never_makes_a_bystander_scope_pay() {
     let store = MemoryStore::builder().max_entries(10).build();
@@ -116,7 +117,7 @@ async fn an_in_progress_flood_never_makes_a_bystander_scope_pay() {
     }
 }
 
-/// HOLDS (kept as coverage): with many shards (max_entries >= 4096), a flood of fresh keys from
+/// With many shards (max_entries >= 4096), a flood of fresh keys from
 /// one scope, completed, never evicts another scope's completed record in any shard.
 #[tokio::test(start_paused = true)]
 async fn multi_shard_flood_evicts_only_the_flooder() {
@@ -232,7 +233,7 @@ mod through_the_layer {
         (status, replayed)
     }
 
-    /// HOLDS: tenant A floods fresh keys into a full store (one shard of 6 entries: at parity once A holds 3); tenant B's
+    /// Tenant A floods fresh keys into a full store (one shard of 6 entries: at parity once A holds 3); tenant B's
     /// three payments are replayed all the while, and A is answered 201 (paying with its own
     /// records) or 503, never at B's expense. Exactly at the retention B's record is gone: a
     /// retry runs the handler again, and a changed body is a new charge, not a 422.

@@ -1,4 +1,7 @@
-//! Attacks on which answers are stored (guarantee 3): axum's own rejections.
+//! Which answers are stored (README "What the idempotency layer answers": a handler's 400, 413, 415
+//! or 422, axum's own rejections included, releases the key, so the fixed resend runs it), with
+//! axum's extractors and `DefaultBodyLimit` in front of the handler. Every test counts handler
+//! runs.
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
@@ -8,7 +11,7 @@ use http_body_util::BodyExt;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tower::ServiceExt;
-use tower_once::idempotency::IdempotencyLayer;
+use tower_once_idempotency::IdempotencyLayer;
 
 #[derive(serde::Deserialize)]
 #[allow(dead_code)]
@@ -53,7 +56,7 @@ async fn send(
     (status, ct, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// HOLDS: 415 (no Content-Type), 400 (bad JSON) and 422 (JSON of the wrong shape) are not
+/// 415 (no Content-Type), 400 (bad JSON) and 422 (JSON of the wrong shape) are not
 /// stored; the fixed resend with the same key runs once, and the layer's own 422 (the key
 /// reused with another body afterwards) is a problem document with its own type.
 #[tokio::test]
@@ -86,11 +89,11 @@ async fn axum_rejections_release_and_the_layers_own_422_is_distinct() {
     assert_eq!(runs.load(SeqCst), 1);
 }
 
-/// Was a gap found by the attack, now fixed — a policy gap rather than a contradiction of the documented list (400, 415, 422):
-/// axum's own 413 from a route's `DefaultBodyLimit` (smaller than the layer's 1 MiB) is a
-/// framework rejection made before the handler runs, exactly like 415, but it is stored; the
-/// client that fixes its request (a smaller body) and resends with the same key gets the
-/// layer's 422 fingerprint mismatch for the whole retention and can never succeed with it.
+/// axum's own 413 from a route's `DefaultBodyLimit` (smaller than the layer's 1 MiB) is a framework
+/// rejection made before the handler runs, exactly like 415: it is not stored, and the client that
+/// fixes its request (a smaller body) and resends with the same key runs the handler. Was broken:
+/// the 413 was stored, and the fixed resend got the layer's 422 fingerprint mismatch for the whole
+/// retention.
 #[tokio::test]
 async fn axums_own_413_is_released_and_the_fixed_resend_runs() {
     let runs = Arc::new(AtomicUsize::new(0));
