@@ -1,7 +1,10 @@
-//! Attacks on the relay's run loop (`run.rs`, `pass.rs`: send slots refilled while sends go
-//! on), against the machine's PostgreSQL (`DATABASE_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`). Each test works in its own schema, dropped at
-//! the end. The tests that fail name a broken promise; the others held up.
+//! The relay's run loop (the `OutboxRelay` and `OutboxRelay::run` docs: up to `batch_size` sends in
+//! flight, free slots refilled once a quarter of them is free; a slow or hanging provider holds
+//! only its own slots; it claims when a row it failed is due again; it relays until `shutdown`
+//! resolves, then lets sends in flight finish within `shutdown_grace` and releases the rest), and
+//! no spin whatever wakes it. Against the machine's PostgreSQL (`DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`); each test works in its own schema, dropped at the
+//! end.
 
 mod support;
 
@@ -58,14 +61,10 @@ fn enqueue_elsewhere(outbox: Outbox, prefix: &'static str, n: usize, pause: Dura
     .unwrap();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Breaks
-// ---------------------------------------------------------------------------------------------
-
-/// Was a break, now fixed. "It claims ... when a row it failed is due again": `soonest_retry` holds one
-/// instant, and the sleep branch sets it to `None` when it fires, so every later due time of
-/// the relay's other failed rows is forgotten. Row `b` (due after 800 ms) waits for the next
-/// poll (30 s here, 5 s by default) instead.
+/// The relay "claims ... when a row it failed is due again" for every such row, not only the
+/// soonest: row `b` (due after 800 ms) is sent then, not at the next poll (30 s here, 5 s by
+/// default). Was broken: `soonest_retry` held one instant, and the sleep branch set it to `None`
+/// when it fired, so every later due time of the relay's other failed rows was forgotten.
 #[tokio::test]
 async fn every_failed_row_is_retried_when_due_not_only_the_soonest() {
     let db = Schema::new().await;
@@ -111,10 +110,10 @@ async fn every_failed_row_is_retried_when_due_not_only_the_soonest() {
     );
 }
 
-/// Was a break, now fixed. "A slow or hanging provider holds only its own slots": with `batch_size` 8 the
-/// relay claims only once 2 slots are free. Seven hanging sends leave one slot free, and
-/// nothing (a finished send, a NOTIFY, the 200 ms poll) ever claims into it: due rows wait
-/// for the hanging sends' `send_timeout`.
+/// "A slow or hanging provider holds only its own slots": with `batch_size` 8, seven hanging sends
+/// leave one slot free, and due rows go out through it. Was broken: the relay claimed only once 2
+/// slots were free, and nothing (a finished send, a NOTIFY, the 200 ms poll) ever claimed into the
+/// last one: due rows waited for the hanging sends' `send_timeout`.
 #[tokio::test]
 async fn hanging_sends_hold_only_their_own_slots() {
     let db = Schema::new().await;
@@ -144,12 +143,12 @@ async fn hanging_sends_hold_only_their_own_slots() {
     );
 }
 
-/// Was a break, now fixed. "No outcome is lost ... including around shutdown": `release_all` aborts the sends
-/// still running and then joins them, throwing away what the join returns. A send that
-/// returned `Ok` while the relay was stopping (here: it finishes 200 ms after the grace, the
-/// relay is still joining it) is released as if it had never been sent, and is sent again by
-/// the next relay. The sender blocks its thread to hold the race open deterministically (a
-/// synchronous SDK call does the same).
+/// `run` "lets sends in flight finish within `shutdown_grace` and releases the rest": a send that
+/// returned `Ok` while the relay was stopping (here it finishes 200 ms after the grace, while the
+/// relay is still joining it) is recorded sent, never released and sent again by the next relay.
+/// The sender blocks its thread to hold the race open deterministically (a synchronous SDK call
+/// does the same). Was broken: `release_all` aborted the sends still running and then joined them,
+/// throwing away what the join returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_that_returned_ok_during_shutdown_is_recorded_sent() {
     let db = Schema::new().await;
@@ -186,14 +185,13 @@ async fn a_send_that_returned_ok_during_shutdown_is_recorded_sent() {
     );
 }
 
-/// Was a break, now fixed. "Relays until `shutdown` resolves, then lets sends in flight finish within
-/// `shutdown_grace`": while Postgres refuses connections, the loop sits in `listen()` and in
-/// the claim (each as long as the pool's `acquire_timeout`, 30 s by default), outside the
-/// `select!`, so a shutdown with no sends in flight and no grace takes seconds. Worse,
-/// `retry_at` is counted from the claim's start: a claim that took longer than the backoff
-/// leaves a wake-up already due, which races the shutdown branch in `select!` (random) and
-/// wins half the time, starting another listen + claim. With a 1.5 s acquire timeout this was
-/// seen taking 4 rounds (12 s; a minute per round at the default 30 s); here (600 ms) the
+/// The relay "relays until `shutdown` resolves, then lets sends in flight finish within
+/// `shutdown_grace`", also while Postgres refuses connections: with no sends in flight and no
+/// grace, the shutdown is prompt. Was broken: the loop sat in `listen()` and in the claim (each as
+/// long as the pool's `acquire_timeout`, 30 s by default), outside the `select!`, and `retry_at`,
+/// counted from the claim's start, left a wake-up already due that raced the shutdown branch in
+/// `select!` and won half the time, starting another listen + claim. With a 1.5 s acquire timeout
+/// this was seen taking 4 rounds (12 s; a minute per round at the default 30 s); here (600 ms) the
 /// growing backoff bounds it.
 #[tokio::test]
 async fn shutdown_is_prompt_while_postgres_is_unreachable() {
@@ -217,10 +215,6 @@ async fn shutdown_is_prompt_while_postgres_is_unreachable() {
         "shutdown asked for at 100 ms, run() returned after {took:?}: {report:?}"
     );
 }
-
-// ---------------------------------------------------------------------------------------------
-// Held up
-// ---------------------------------------------------------------------------------------------
 
 /// All slots hanging, a NOTIFY every 5 ms: each wakes the loop once, no claim is made and the
 /// loop's thread stays nearly idle.

@@ -1,10 +1,11 @@
-//! The outbox's `metrics` counter, with a recording backend and a real PostgreSQL database of
-//! its own. One test in its own binary, as the recorder is process-global.
-#![cfg(all(feature = "metrics", feature = "outbox"))]
+//! The outbox's `metrics` counter (crate docs, "Feature flags"; README "Observability"), with a
+//! recording backend and a real PostgreSQL database of its own. One test in its own binary, as the
+//! recorder is process-global.
+#![cfg(feature = "metrics")]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tower_once::outbox::classify::Action;
-use tower_once::outbox::{sqlx, Outbox, OutboxMessage, OutboxRelay, RelayConfig};
+use tower_once_outbox::classify::Action;
+use tower_once_outbox::{sqlx, Outbox, OutboxMessage, OutboxRelay, RelayConfig};
 use tower_once_test_support::postgres::Database;
 
 #[tokio::test]
