@@ -1,38 +1,27 @@
-//! Attacks on the per-thread copies of the layer's config (`shard::PerThread`) and on the one
-//! timer a response future keeps for both its deadline and its waits.
-//!
-//! Time assertions use tokio's paused clock only. The multi-thread tests assert counts, never
-//! durations.
-
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::Duration;
-use tokio::time::Instant;
-use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_once_retry::backoff::{Backoff, Jitter};
-use tower_once_retry::budget::RetryBudget;
-use tower_once_retry::classify::HttpClassifier;
-use tower_once_retry::hook::RetryEvent;
-use tower_once_retry::{GiveUp, RetryLayer};
-use tower_once_timeout::Deadline;
+//! Waits between attempts, inside one deadline (README "Retries that cannot become a storm": every
+//! attempt and wait inside one deadline, never sleeping when the wait would end past it; crate docs
+//! "Semantics": no wait continues once it has passed; `Retry-After` honoured, capped): whatever mix
+//! of slow, instant and hanging attempts, waits, `Retry-After` values, services that stop being
+//! ready and outer deadlines, the operation ends exactly at its deadline, never later. Time
+//! assertions use tokio's paused clock only.
 
 mod support;
 
-type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+use http::StatusCode;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use support::{fixed, get, http_upstream};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_once_retry::classify::HttpClassifier;
+use tower_once_retry::{GiveUp, RetryLayer};
+use tower_once_timeout::Deadline;
 
-/// A fixed 100 ms wait between attempts, no jitter.
-fn fixed(ms: u64) -> Backoff {
-    Backoff::new(Duration::from_millis(ms), 1.0, Duration::from_millis(ms))
-        .unwrap()
-        .jitter(Jitter::None)
-}
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// What attempt `n` (from 0) does.
 #[derive(Clone, Copy)]
@@ -159,37 +148,6 @@ async fn a_service_that_stops_being_ready_after_a_wait_is_cut_at_the_deadline() 
         assert_eq!(err.reason(), GiveUp::Deadline, "{err}");
         assert_eq!(upstream.calls(), 1);
     }
-}
-
-/// An HTTP upstream: each call answers the next `(status, Retry-After)` (the last repeats);
-/// status 0 hangs.
-fn http_upstream<B: Send + 'static>(
-    script: &'static [(u16, Option<&'static str>)],
-    calls: Arc<AtomicUsize>,
-) -> impl Service<Request<B>, Response = Response<Full<Bytes>>, Error = Infallible, Future = impl Send>
-       + Clone
-       + Send
-       + 'static {
-    tower::service_fn(move |_req: Request<B>| {
-        let n = calls.fetch_add(1, SeqCst);
-        let (status, after) = script[n.min(script.len() - 1)];
-        async move {
-            if status == 0 {
-                std::future::pending::<()>().await;
-            }
-            let mut res = Response::new(Full::new(Bytes::new()));
-            *res.status_mut() = StatusCode::from_u16(status).unwrap();
-            if let Some(after) = after {
-                res.headers_mut()
-                    .insert("retry-after", after.parse().unwrap());
-            }
-            Ok::<_, Infallible>(res)
-        }
-    })
-}
-
-fn get() -> Request<Full<Bytes>> {
-    Request::get("/x").body(Full::new(Bytes::new())).unwrap()
 }
 
 /// The server's Retry-After sets the wait; the attempts after it hang: the HTTP form still ends
@@ -338,173 +296,40 @@ async fn nested_layers_end_at_the_outer_deadline_after_waits() {
     );
 }
 
-fn failing(
-) -> impl Service<u32, Response = (), Error = &'static str, Future = impl Send> + Clone + Send + 'static
-{
-    tower::service_fn(|_req: u32| async { Err::<(), _>("down") })
-}
-
-/// A budget that allows no retry at all, on a multi-thread runtime with more workers than
-/// there are copies of the config, plus `spawn_blocking` threads: every count is exact.
-#[test]
-fn a_zero_budget_refuses_every_retry_on_every_thread() {
-    let layer = RetryLayer::new()
-        .max_attempts(3)
-        .backoff(fixed(1))
-        .budget(RetryBudget::new(0.0, 0, Duration::from_secs(60)));
-    let svc = layer.layer(failing());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(12)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut tasks = Vec::new();
-        for _ in 0..48 {
-            let svc = svc.clone();
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..10 {
-                    let _ = svc.clone().oneshot(1).await;
-                }
-            }));
-        }
-        for _ in 0..16 {
-            let svc = svc.clone();
-            let handle = tokio::runtime::Handle::current();
-            tasks.push(tokio::task::spawn_blocking(move || {
-                for _ in 0..10 {
-                    let _ = handle.block_on(svc.clone().oneshot(1));
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-    let s = layer.stats();
-    assert_eq!(
-        (
-            s.operations,
-            s.attempts,
-            s.retries,
-            s.budget_refusals,
-            s.give_ups
-        ),
-        (640, 640, 0, 640, 640),
-        "{s:?}"
-    );
-}
-
-/// A budget with a floor of 10 retries per window and no ratio, shared by services made by two
-/// `layer()` calls and used from 16 runtimes on 16 threads (twice the copies): about 10 retries
-/// in all (the budget's documented edge races allow a few more), not 10 per copy. The hook,
-/// cloned per thread slot, still sees every retry.
-#[test]
-fn a_budget_floor_is_shared_by_every_copy_and_every_runtime() {
-    let hooked = Arc::new(AtomicU64::new(0));
-    let counted = hooked.clone();
-    let layer = RetryLayer::new()
-        .max_attempts(2)
-        .backoff(fixed(1))
-        .budget(RetryBudget::new(0.0, 1, Duration::from_secs(10)))
-        .on_retry(move |_: &RetryEvent<'_, (), &'static str>| {
-            counted.fetch_add(1, SeqCst);
-        });
-    let (a, b) = (layer.layer(failing()), layer.layer(failing()));
-    support::calls_on_threads(16, 20, |i| if i % 2 == 0 { a.clone() } else { b.clone() });
-    let s = layer.stats();
-    assert_eq!(s.operations, 320, "{s:?}");
-    assert!(
-        (10..=16).contains(&s.retries),
-        "one floor of 10 for every copy: {s:?}"
-    );
-    assert_eq!(s.retries + s.budget_refusals, 320, "{s:?}");
-    assert_eq!(s.attempts, 320 + s.retries, "{s:?}");
-    assert_eq!(hooked.load(SeqCst), s.retries, "the hook saw every retry");
-}
-
-/// The HTTP form's stats are shared by every thread's copy too.
-#[test]
-fn http_form_stats_are_shared_by_every_thread() {
-    static SCRIPT: [(u16, Option<&str>); 1] = [(503, None)];
-    let calls = Arc::new(AtomicUsize::new(0));
-    let layer = RetryLayer::new()
-        .classify(HttpClassifier)
-        .max_attempts(2)
-        .backoff(fixed(1))
-        .no_budget()
-        .into_http();
-    let svc = layer.layer(http_upstream(&SCRIPT, calls.clone()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(10)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let tasks: Vec<_> = (0..40)
-            .map(|_| {
-                let svc = svc.clone();
-                tokio::spawn(async move {
-                    for _ in 0..5 {
-                        let res = svc.clone().oneshot(get()).await.unwrap();
-                        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+/// The layer keeps one timer for the deadline and the waits between attempts: after a wait, it
+/// must guard the deadline again, whether the timer was first armed by a pending attempt or by
+/// the wait.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_still_ends_a_hanging_attempt_after_a_wait() {
+    for first_pends in [false, true] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let svc = tower::service_fn(move |_req: u32| {
+            let call = counted.fetch_add(1, SeqCst);
+            async move {
+                match call {
+                    0 if first_pends => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Err("failed")
                     }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-    let s = layer.stats();
-    assert_eq!(
-        (s.operations, s.attempts, s.retries, s.give_ups),
-        (200, 400, 200, 200),
-        "{s:?}"
-    );
-    assert_eq!(calls.load(SeqCst), 400);
-}
-
-/// `rng_seed` makes delays reproducible: the same 20 operations run one after another give the
-/// same delays whether they all run on one thread or each on a thread of its own (so reaching
-/// every copy of the config): the copies share one seeded generator.
-#[test]
-fn a_seed_gives_the_same_delays_whichever_threads_run_the_operations() {
-    let run = |own_threads: bool| {
-        let delays = Arc::new(Mutex::new(Vec::new()));
-        let log = delays.clone();
-        let layer = RetryLayer::new()
-            .no_budget()
-            .max_attempts(4)
-            .backoff(Backoff::new(Duration::from_millis(100), 2.0, Duration::from_secs(5)).unwrap())
-            .deadline(Duration::from_secs(3600))
-            .rng_seed(42)
-            .on_retry(move |e: &RetryEvent<'_, (), &'static str>| {
-                log.lock().unwrap().push(e.delay);
-            });
-        let svc = layer.layer(failing());
-        let one = |svc: tower_once_retry::Retry<_, _, _>| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let _ = svc.oneshot(1).await;
-            });
-        };
-        for _ in 0..20 {
-            let svc = svc.clone();
-            if own_threads {
-                std::thread::spawn(move || one(svc)).join().unwrap();
-            } else {
-                one(svc);
+                    0 => Err("failed"),
+                    _ => std::future::pending::<Result<(), &str>>().await,
+                }
             }
-        }
-        let delays = delays.lock().unwrap().clone();
-        delays
-    };
-    let (here, spread) = (run(false), run(true));
-    assert_eq!(here.len(), 60);
-    assert_eq!(here, spread, "one seeded generator behind every copy");
+        });
+        let svc = RetryLayer::new()
+            .no_budget()
+            .rng_seed(7)
+            .deadline(Duration::from_secs(5))
+            .layer(svc);
+        let started = tokio::time::Instant::now();
+        let err = svc.oneshot(1).await.unwrap_err();
+        assert!(err.is_deadline(), "{err}");
+        assert_eq!(calls.load(SeqCst), 2, "one retry after the wait");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(5),
+            "paused clock: exactly the deadline (first attempt pending: {first_pends})"
+        );
+    }
 }
