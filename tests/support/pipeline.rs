@@ -1,6 +1,6 @@
-//! The pipeline example as separate processes (`examples/pipeline`), for the pipeline tests
-//! and their attacks: a `redis-server` and a PostgreSQL database of its own, each role on a
-//! free port, its stdout kept for the worker's outcome lines, everything killed on drop.
+//! The pipeline example as separate processes (`examples/pipeline`), for the pipeline tests: a
+//! `redis-server` and a PostgreSQL database of its own, each role on a free port, its stdout kept
+//! for the worker's outcome lines, everything killed on drop.
 
 use super::{example_binary_with, http};
 use serde_json::Value;

@@ -1,5 +1,7 @@
-//! Record identity behind axum's `Router::nest` and `route_layer`: a record belongs to the path
-//! the client addressed, not the stripped path a nested router sees.
+//! Record identity behind axum's `Router::nest` and `route_layer` (README "What the idempotency
+//! layer answers": "Behind axum's `Router::nest` the layer identifies a record by the full path the
+//! client addressed"): a record belongs to the path the client addressed, not the stripped path a
+//! nested router sees.
 
 use axum::extract::Path;
 use axum::routing::post;
