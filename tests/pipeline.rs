@@ -276,6 +276,10 @@ fn two_relays_draining_one_outbox_send_every_row_once() {
                 .1
         })
         .collect();
+    // The worker creates the outbox table as it starts, and it has no port to wait for.
+    eventually("the worker's outbox table", || {
+        p.db.count("SELECT count(*) FROM pg_tables WHERE tablename = 'outbox'") == 1
+    });
     eventually("every summary", || {
         p.db.count("SELECT count(*) FROM outbox") == 20
     });
