@@ -1,10 +1,10 @@
-//! HTTP load on loopback (issue 13): one process serves axum with a bare route and the same
-//! handler behind `IdempotencyLayer` on the memory store and on the Redis store, and a hyper
-//! load generator in the same process drives it over N keep-alive connections for a fixed time
-//! per round, with a 1 KiB JSON body. Fresh rows send a unique `Idempotency-Key` per request;
-//! replay rows cycle over a few keys completed before the first round. One more row sends the
-//! Redis store's claim script (what a replay costs in Redis) directly with the `redis` crate at
-//! the same concurrency, so the Redis replay row can be read against it.
+//! HTTP load on loopback (README "Under HTTP load on loopback"): one process serves axum with a
+//! bare route and the same handler behind `IdempotencyLayer` on the memory store and on the Redis
+//! store, and a hyper load generator in the same process drives it over N keep-alive connections
+//! for a fixed time per round, with a 1 KiB JSON body. Fresh rows send a unique `Idempotency-Key`
+//! per request; replay rows cycle over a few keys completed before the first round. One more row
+//! sends the Redis store's claim script (what a replay costs in Redis) directly with the `redis`
+//! crate at the same concurrency, so the Redis replay row can be read against it.
 //!
 //! Rows are interleaved (bare, memory fresh, memory replay, Redis fresh, Redis replay, raw
 //! script, then again); the table shows medians of the rounds and the median of the per-round

@@ -5,6 +5,8 @@ use crate::store::{ClaimToken, StoredResponse};
 use std::sync::Arc;
 use tokio::time::Instant;
 
+/// A key's record: whose request it fingerprints, its scope's tag, when it ends (the lease of
+/// a claim, or the retention of an answer), and what it holds.
 pub(super) struct Entry {
     pub(super) fingerprint: Fingerprint,
     pub(super) scope: u64,
@@ -12,6 +14,8 @@ pub(super) struct Entry {
     pub(super) state: State,
 }
 
+/// A claim in progress, a stored answer, or an answer whose handler ran but that is kept
+/// without its response.
 pub(super) enum State {
     InProgress {
         token: ClaimToken,

@@ -10,6 +10,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use tokio::time::Instant;
 
+#[cfg(test)]
+mod inspect;
+
 #[derive(Default)]
 pub(super) struct Shard {
     map: HashMap<StoreKey, Entry>,
@@ -113,6 +116,7 @@ impl Shard {
         self.bytes
     }
 
+    /// The record under `key`, expired or not.
     pub(super) fn get(&self, key: &StoreKey) -> Option<&Entry> {
         self.map.get(key)
     }
@@ -353,9 +357,6 @@ impl Shard {
         }
     }
 }
-
-#[cfg(test)]
-mod inspect;
 
 type Scopes = HashMap<u64, ScopeUse, BuildHasherDefault<TagHasher>>;
 
