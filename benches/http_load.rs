@@ -1,10 +1,10 @@
-//! HTTP load on loopback (issue 13): one process serves axum with a bare route and the same
-//! handler behind `IdempotencyLayer` on the memory store and on the Redis store, and a hyper
-//! load generator in the same process drives it over N keep-alive connections for a fixed time
-//! per round, with a 1 KiB JSON body. Fresh rows send a unique `Idempotency-Key` per request;
-//! replay rows cycle over a few keys completed before the first round. One more row sends the
-//! Redis store's claim script (what a replay costs in Redis) directly with the `redis` crate at
-//! the same concurrency, so the Redis replay row can be read against it.
+//! HTTP load on loopback (README "Under HTTP load on loopback"): one process serves axum with a
+//! bare route and the same handler behind `IdempotencyLayer` on the memory store and on the Redis
+//! store, and a hyper load generator in the same process drives it over N keep-alive connections
+//! for a fixed time per round, with a 1 KiB JSON body. Fresh rows send a unique `Idempotency-Key`
+//! per request; replay rows cycle over a few keys completed before the first round. One more row
+//! sends the Redis store's claim script (what a replay costs in Redis) directly with the `redis`
+//! crate at the same concurrency, so the Redis replay row can be read against it.
 //!
 //! Rows are interleaved (bare, memory fresh, memory replay, Redis fresh, Redis replay, raw
 //! script, then again); the table shows medians of the rounds and the median of the per-round
@@ -31,9 +31,6 @@
 //! (default 3), `LOAD_CONNS` concurrent connections, and concurrent script callers on the raw
 //! row (default 32), `LOAD_CLIENT_THREADS` load generator threads (default 2; the server has 2).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use axum::body::Bytes;
 use axum::routing::post;
 use axum::Router;
@@ -49,6 +46,7 @@ use tokio::sync::Barrier;
 use tower_once::idempotency::store::redis::redis::{self, aio::ConnectionManager, Script, Value};
 use tower_once::idempotency::store::redis::{RedisStore, CLAIM_SCRIPT};
 use tower_once::idempotency::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use tower_once_test_support::redis::RedisServer;
 
 /// Keys completed before the first round and replayed by the replay rows.
 const REPLAY_KEYS: usize = 16;
@@ -206,7 +204,7 @@ fn thread_cpu_ns(prefix: &str) -> Option<u64> {
 }
 
 /// `redis-server`'s CPU time so far (user + system, µs), from `INFO cpu`.
-fn redis_cpu_us(redis: &support::RedisServer) -> Option<f64> {
+fn redis_cpu_us(redis: &RedisServer) -> Option<f64> {
     let info = redis.cli(&["INFO", "cpu"]);
     let field = |name: &str| -> Option<f64> {
         info.lines()
@@ -384,7 +382,7 @@ impl Bench {
     }
 
     /// [`run`](Self::run) with the CPU each side spent per request.
-    fn sample(&self, row: Row, round_no: usize, redis: &support::RedisServer) -> Sample {
+    fn sample(&self, row: Row, round_no: usize, redis: &RedisServer) -> Sample {
         let before = (
             thread_cpu_ns(SERVER_THREAD),
             thread_cpu_ns(CLIENT_THREAD),
@@ -442,7 +440,7 @@ fn main() {
         return;
     }
     let settings = Settings::from_env();
-    let redis = support::RedisServer::start();
+    let redis = RedisServer::start();
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name(SERVER_THREAD)

@@ -16,26 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_once::outbox::{sqlx, Outbox, OutboxMessage, OutboxRelay, RelayConfig};
-
-fn base() -> String {
-    std::env::var("PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
-}
-
-struct Database {
-    name: String,
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(format!("{}/postgres", base()))
-            .args([
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            ])
-            .output();
-    }
-}
+use tower_once_test_support::postgres::Database;
 
 async fn fill(pool: &PgPool, outbox: &Outbox, rows: usize) {
     sqlx::query("TRUNCATE outbox").execute(pool).await.unwrap();
@@ -156,19 +137,10 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
-    let db = Database {
-        name: format!("tower_once_bench_{}", std::process::id()),
-    };
-    let admin = PgPool::connect(&format!("{}/postgres", base()))
-        .await
-        .unwrap();
-    sqlx::query(&format!("CREATE DATABASE {}", db.name))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let db = Database::create();
     let pool = PgPoolOptions::new()
         .max_connections(16)
-        .connect(&format!("{}/{}", base(), db.name))
+        .connect(&db.url())
         .await
         .unwrap();
     let outbox = Outbox::new(pool.clone());
@@ -194,5 +166,5 @@ async fn main() {
         }
     }
     pool.close().await;
-    drop(admin);
+    drop(db);
 }

@@ -10,9 +10,6 @@
 //! ```
 #![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::{Request, Response, StatusCode};
@@ -25,6 +22,7 @@ use tower::{Layer, ServiceExt};
 use tower_once::idempotency::store::redis::redis::{aio::ConnectionManager, Script, Value};
 use tower_once::idempotency::store::redis::{RedisStore, CLAIM_SCRIPT, COMPLETE_SCRIPT};
 use tower_once::idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_test_support::redis::RedisServer;
 
 const BATCH: u64 = 64;
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
@@ -95,7 +93,7 @@ fn bench(c: &mut Criterion) {
     let url = match std::env::var("REDIS_URL") {
         Ok(url) => url,
         Err(_) => {
-            server = support::RedisServer::start();
+            server = RedisServer::start();
             server.url()
         }
     };

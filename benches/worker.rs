@@ -11,15 +11,13 @@
 //! ```
 #![allow(missing_docs)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 use tower_once::worker::redis::aio::ConnectionManager;
 use tower_once::worker::redis::{self, Value};
 use tower_once::worker::{Job, JobError, Worker, WorkerConfig};
+use tower_once_test_support::redis::RedisServer;
 
 const JOBS: u64 = 20_000;
 
@@ -49,7 +47,7 @@ async fn fill(conn: &mut ConnectionManager, stream: &str) {
     }
 }
 
-fn commands(server: &support::RedisServer) -> u64 {
+fn commands(server: &RedisServer) -> u64 {
     server.command_calls().iter().map(|(_, n)| n).sum()
 }
 
@@ -139,7 +137,7 @@ async fn worker_run(url: &str, stream: &str, in_flight: usize) {
 /// One timed round: jobs per second and commands per job.
 fn round(
     rt: &tokio::runtime::Runtime,
-    server: &support::RedisServer,
+    server: &RedisServer,
     kind: &str,
     in_flight: usize,
     n: usize,
@@ -191,7 +189,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     const ROUNDS: usize = 5;
-    let server = support::RedisServer::start();
+    let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,17 +1,18 @@
-//! The axum tenants example against a real Redis: per-tenant keys, auth before idempotency,
-//! the API's own error format.
+//! The axum tenants example (README "Use it with axum": keys scoped by the tenant an auth layer put
+//! in the request extensions, records in Redis, the layer's errors in the API's own format) against
+//! a real Redis: per-tenant keys, auth before idempotency, the API's own error format.
 #![cfg(feature = "redis")]
 
 #[allow(dead_code)]
 #[path = "../examples/axum_tenants.rs"]
 mod example;
-mod support;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_once::idempotency::store::redis::RedisStore;
+use tower_once_test_support::redis::RedisServer;
 
 async fn post(
     app: &axum::Router,
@@ -39,7 +40,7 @@ async fn post(
 
 #[tokio::test]
 async fn tenants_share_key_strings_but_never_records() {
-    let redis = support::RedisServer::start();
+    let redis = RedisServer::start();
     let app = example::app(RedisStore::connect(&redis.url()).await.unwrap());
 
     let (status, acme, _) = post(&app, Some("acme"), Some("k1"), "two widgets").await;
@@ -59,7 +60,7 @@ async fn tenants_share_key_strings_but_never_records() {
 
 #[tokio::test]
 async fn auth_runs_first_and_errors_use_the_api_format() {
-    let redis = support::RedisServer::start();
+    let redis = RedisServer::start();
     let app = example::app(RedisStore::connect(&redis.url()).await.unwrap());
 
     let (status, body, _) = post(&app, None, Some("k1"), "x").await;

@@ -84,15 +84,14 @@ async fn a_keyed_post_still_running_at_the_deadline_is_a_typed_error_with_its_ke
     );
 }
 
-/// Was a break, now fixed: the same keyed POST, with the stack's usual shape where the per-attempt timeout is
-/// longer than what is left of the deadline (5 s per attempt, 1 s for the operation): the
-/// deadline passes during the first attempt, the `HttpTimeoutLayer` below cuts it there (its
-/// cap is the time left), and the retry layer returns that `Elapsed` as the inner error of a
-/// deadline give-up. `RetryError::may_have_executed()` only looks for an error without an
-/// inner one (error.rs), so it answers `false` for an attempt the deadline cut mid-flight, and
-/// the error's text neither says the operation may still complete nor gives the key, while
-/// the handler is still charging on the server (operation.rs `next_delay` / future.rs keep the
-/// attempt's `Elapsed`; error.rs `may_have_executed` and `Outline`).
+/// The same keyed POST, with the stack's usual shape where the per-attempt timeout is longer than
+/// what is left of the deadline (5 s per attempt, 1 s for the operation): the deadline passes
+/// during the first attempt and the `HttpTimeoutLayer` below cuts it there (its cap is the time
+/// left); the retry layer's error still says the operation may have executed
+/// (`RetryError::may_have_executed()`), that it may still complete, and gives the key, while the
+/// handler is still charging on the server. Was broken: `may_have_executed()` only looked for an
+/// error without an inner one, so it answered `false` for an attempt the deadline cut mid-flight,
+/// and the error's text said neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_post_cut_at_the_deadline_by_the_attempt_timeout_may_have_executed() {
     let ledger = Ledger::memory();
@@ -165,12 +164,11 @@ fn keyed_charge(addr: std::net::SocketAddr, key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// HOLDS (README, the `409` row: "if the deadline or the attempts run out first,
-/// `Err(RetryError)` with `is_in_progress()` ... and the `Idempotency-Key`"): while our server
-/// still runs a keyed charge, a duplicate whose attempts run out, one whose retry budget is
-/// spent, and one sent through two stacked HTTP retry layers all end in an error that says the
-/// operation is still running and may complete, with the key and the attempts, never the
-/// `409`; the handler runs once.
+/// The README's `409` row ("if the deadline or the attempts run out first, `Err(RetryError)` with
+/// `is_in_progress()` ... and the `Idempotency-Key`"): while our server still runs a keyed charge,
+/// a duplicate whose attempts run out, one whose retry budget is spent, and one sent through two
+/// stacked HTTP retry layers all end in an error that says the operation is still running and may
+/// complete, with the key and the attempts, never the `409`; the handler runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_progress_when_attempts_or_budget_run_out_is_an_error_with_the_key() {
     use tower_once::retry::budget::RetryBudget;
@@ -267,7 +265,7 @@ async fn custom_problems(runs: Arc<AtomicUsize>) -> std::net::SocketAddr {
     addr
 }
 
-/// HOLDS: with a custom `problem_response` that sends no `Retry-After`, a keyed POST still
+/// With a custom `problem_response` that sends no `Retry-After`, a keyed POST still
 /// running at the deadline ends in the typed error (in progress, deadline, the key), never the
 /// custom `409`; the handler runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,13 +301,13 @@ async fn a_custom_problem_response_still_gives_the_typed_error_at_the_deadline()
     assert_eq!(runs.load(SeqCst), 1);
 }
 
-/// Was a break, now fixed (the classifier is the user's, and the server said "in progress"): a user classifier that treats a `409` as
-/// transient (`Action::Retry`, as this repository's own outbox tests write one) on a client of
-/// our server. The server marks its answer `Idempotency-In-Progress: true`, but only
-/// `Action::InProgress` makes the layer remember it (operation.rs `next_delay`), so at the
-/// deadline the caller gets `Ok(409 "Request in progress")` back as the operation's answer
-/// (future.rs: the last outcome is returned), the outcome the README says never happens, while
-/// the charge is still running.
+/// A user classifier that treats a `409` as transient (`Action::Retry`, as this repository's own
+/// outbox tests write one), on a client of our server: the server marks its answer
+/// `Idempotency-In-Progress: true`, and a chosen classifier that retries such an answer has it
+/// treated as in progress (the retry crate's `classify::HttpDefault`), so at the deadline the
+/// caller gets the typed error, never the `409` as the operation's answer. Was broken: only
+/// `Action::InProgress` made the layer remember it, and the caller got `Ok(409 "Request in
+/// progress")` back while the charge was still running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_classifier_that_retries_409s_still_never_returns_the_409() {
     use tower_once::retry::classify::{Action, Classify, HttpClassifier};

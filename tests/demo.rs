@@ -1,4 +1,5 @@
-//! The main demo, run as a process with a fixed seed: its story and its table add up.
+//! The main demo (README "Set-up": its story and its table), run as a process with a fixed seed:
+//! the story and the table add up.
 #![cfg(feature = "retry")]
 
 mod support;

@@ -1,5 +1,6 @@
-//! The `metrics` feature: stable names and labels, checked with a recording backend. One test
-//! in its own binary, as the recorder is process-global.
+//! The facade's `metrics` feature (README "Observability": the names, types and labels of its
+//! table), checked with a recording backend across the idempotency, retry and timeout layers. One
+//! test in its own binary, as the recorder is process-global.
 #![cfg(all(feature = "metrics", feature = "retry"))]
 
 use bytes::Bytes;

@@ -1,7 +1,9 @@
-//! The seeds' whole pipeline as separate processes — api, worker, relay, model, mailer — on a
-//! `redis-server` of its own and a PostgreSQL database of its own, driven as the issue's
-//! contract says. Each crash test kills a real process (SIGKILL) in the window that matters
-//! and asserts effect counts: model calls, summary rows, outbox rows, emails, deliveries.
+//! The whole pipeline (README "The whole pipeline: POST → queue → worker → Postgres + outbox →
+//! email", and its table of what each failure costs) as separate processes — api, worker, relay,
+//! model, mailer — on a `redis-server` of its own and a PostgreSQL database of its own, driven as
+//! the README describes the roles and the model's scripted answers. Each crash test kills a real
+//! process (SIGKILL) in the window that matters and asserts effect counts: model calls, summary
+//! rows, outbox rows, emails, deliveries; the API refuses hostile input and keeps tenants apart.
 //! Every wait is a bounded poll; nothing asserts on timing.
 #![cfg(all(feature = "worker", feature = "outbox"))]
 
@@ -9,8 +11,11 @@ mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::pipeline::{eventually, settle, Pipeline, DEAD, LIMIT, STREAM};
-use support::{free_port, http, wait_for_port, PgDatabase, RedisServer};
+use support::http;
+use support::pipeline::{eventually, settle, within, Pipeline, DEAD, LIMIT, STREAM};
+use tower_once_test_support::ports::{free_port, wait_for_port};
+use tower_once_test_support::postgres::Database;
+use tower_once_test_support::redis::RedisServer;
 
 #[test]
 fn a_summary_request_runs_once_and_sends_one_email() {
@@ -271,6 +276,10 @@ fn two_relays_draining_one_outbox_send_every_row_once() {
                 .1
         })
         .collect();
+    // The worker creates the outbox table as it starts, and it has no port to wait for.
+    eventually("the worker's outbox table", || {
+        p.db.count("SELECT count(*) FROM pg_tables WHERE tablename = 'outbox'") == 1
+    });
     eventually("every summary", || {
         p.db.count("SELECT count(*) FROM outbox") == 20
     });
@@ -289,7 +298,7 @@ fn two_relays_draining_one_outbox_send_every_row_once() {
 #[test]
 fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
     let redis = RedisServer::start();
-    let db = PgDatabase::create();
+    let db = Database::create();
     let base = free_port();
     let binary = support::example_binary_with("pipeline", "worker outbox");
     let mut child = Command::new(binary)
@@ -331,4 +340,135 @@ fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// A text or address holding a NUL character (valid JSON, `"\u0000"`, which Postgres `TEXT`
+/// refuses) is refused by the API or summarized once: never a job redelivered until it is
+/// dead-lettered. Was broken: the API accepted it (`202`), the worker's `INSERT INTO summaries`
+/// failed, was classified transient, and the job was redelivered, one model call per delivery,
+/// never a summary or an email, until `max_deliveries` dead-lettered it.
+#[test]
+fn a_request_with_a_nul_character_is_refused_or_summarized_once() {
+    let mut p = Pipeline::new();
+    p.start_all("1000");
+    let (status, _) = p.submit("acme", "k", "nul \u{0} inside");
+    if status == 202 {
+        within(LIMIT, || {
+            p.summary_count() == 1 || p.total_model_calls() >= 2
+        });
+        assert_eq!(
+            (p.summary_count(), p.total_model_calls()),
+            (1, 1),
+            "accepted with 202, then: summaries, model calls"
+        );
+    } else {
+        assert_eq!(status, 400, "refused up front");
+    }
+}
+
+/// A job id the worker accepts (1 to 255 visible ASCII characters) is summarized and mailed once,
+/// however long. Was broken: the outbox key is `<job_id>:email` and the outbox takes at most 255
+/// bytes, so for a job id over 249 bytes `enqueue` refused the key (`is_invalid`), the handler
+/// mapped that to a transient error, the transaction (summary included) rolled back, and every
+/// redelivery called the model again.
+#[test]
+fn a_job_with_a_long_valid_job_id_is_summarized_and_mailed_once() {
+    let mut p = Pipeline::new();
+    p.start("model", "model", &[]);
+    p.start("mailer", "mailer", &[]);
+    p.start("worker", "worker", &["--claim-idle-ms", "1000"]);
+    p.start("relay", "relay", &["--claim-idle-ms", "1000"]);
+    let job_id = format!("order-{}", "9".repeat(244));
+    assert_eq!(job_id.len(), 250);
+    let payload = r#"{"tenant":"acme","text":"a long order id","notify":"a@example.com"}"#;
+    p.redis
+        .cli(&["XADD", STREAM, "*", "job_id", &job_id, "payload", payload]);
+    within(LIMIT, || {
+        p.emails().len() == 1 || p.total_model_calls() >= 2
+    });
+    assert_eq!(
+        (p.summary_count(), p.total_model_calls(), p.emails().len()),
+        (1, 1, 1),
+        "summaries, model calls, emails"
+    );
+}
+
+/// A tenant cannot read another tenant's summary (README "The whole pipeline": `GET
+/// /v1/summaries/{job_id}` with an `X-Tenant-Id` answers only that tenant's jobs; without the
+/// header the job id, given only to the tenant that submitted it, is the capability). Was broken:
+/// `POST` was scoped by `X-Tenant-Id` and the `GET` was not, so another tenant read a summary by
+/// its job id.
+#[test]
+fn a_tenant_cannot_read_another_tenants_summary() {
+    let mut p = Pipeline::new();
+    p.start_all("1000");
+    let (status, job_id) = p.submit("acme", "k", "acme's confidential text");
+    assert_eq!(status, 202);
+    let path = format!("/v1/summaries/{job_id}");
+    assert!(
+        within(LIMIT, || p.get(&path, &[("X-Tenant-Id", "acme")]).0 == 200),
+        "acme's summary"
+    );
+    let (status, body) = p.get(&path, &[("X-Tenant-Id", "globex")]);
+    assert_ne!(status, 200, "globex read acme's summary: {body}");
+    let (status, body) = p.get(&path, &[]);
+    assert_eq!(status, 200, "the contract's GET, by job id alone: {body}");
+}
+
+/// A job id holding a NUL character (`%00` in the path) is the client's bad input: a `404`, not an
+/// outage. Was broken: it was sent to Postgres, which refuses it in `TEXT`, and the API answered
+/// `503 the database is unavailable` (retry later; alerts fire).
+#[test]
+fn a_get_with_a_nul_in_the_job_id_is_a_404_not_an_outage() {
+    let mut p = Pipeline::new();
+    p.start("api", "api", &[]);
+    let (status, body) = p.get("/v1/summaries/job%00id", &[]);
+    assert!(status == 404 || status == 400, "{status} {body}");
+}
+
+/// Held up: hostile requests get a 4xx and enqueue nothing; SQL metacharacters in a job id are
+/// a 404, not an error or an injection.
+#[test]
+fn hostile_api_requests_are_refused_and_enqueue_nothing() {
+    let mut p = Pipeline::new();
+    p.start("api", "api", &[]);
+    let json = ("Content-Type", "application/json");
+    let good = r#"{"text":"t","notify":"a@example.com"}"#;
+    // No Idempotency-Key.
+    assert_eq!(p.post(&[("X-Tenant-Id", "t"), json], good).0, 400);
+    // Malformed JSON, wrong shapes, empty text, not an address.
+    for (i, bad) in [
+        "{",
+        "[]",
+        r#"{"text":1,"notify":"a@b"}"#,
+        r#"{"text":"","notify":"a@b"}"#,
+        r#"{"text":"t","notify":"nobody"}"#,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let key = format!("bad-{i}");
+        let (status, body) = p.post(
+            &[("Idempotency-Key", &key), ("X-Tenant-Id", "t"), json],
+            bad,
+        );
+        assert!((400..500).contains(&status), "{bad}: {status} {body}");
+    }
+    // Over the handler's 64 KiB.
+    let big = format!(
+        r#"{{"text":"{}","notify":"a@example.com"}}"#,
+        "x".repeat(100 * 1024)
+    );
+    let (status, _) = p.post(
+        &[("Idempotency-Key", "big"), ("X-Tenant-Id", "t"), json],
+        &big,
+    );
+    assert_eq!(status, 413);
+    let len = p.redis.cli(&["XLEN", STREAM]);
+    assert_eq!(len.trim(), "0", "nothing enqueued");
+    for id in ["x'%20OR%20'1'='1", "1;DROP%20TABLE%20summaries", "%27%3B--"] {
+        let (status, body) = p.get(&format!("/v1/summaries/{id}"), &[]);
+        assert!(status == 404 || status == 400, "{id}: {status} {body}");
+    }
+    assert_eq!(p.summary_count(), 0, "the table is still there");
 }

@@ -1,5 +1,7 @@
-//! The demo server as real processes sharing one real Redis: many replicas, a replica killed
-//! mid-request, and Redis itself going away and coming back.
+//! The demo server on Redis as real processes (README "Use it with axum": several replicas share
+//! the records through Redis; while Redis is unreachable the layer answers `503` and recovers on
+//! its own when Redis returns): many replicas, a replica killed mid-request, and Redis itself going
+//! away and coming back.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -11,7 +13,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{DemoServer, RedisServer};
+use support::DemoServer;
+use tower_once_test_support::redis::RedisServer;
 
 const ORDER: &str = r#"{"order_id":"A","amount":500}"#;
 

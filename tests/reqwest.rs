@@ -1,5 +1,6 @@
-//! A retrying `reqwest::Client` against the demo server on loopback: requests built the reqwest
-//! way, one stamped key on every attempt, `Retry-After` honoured, a `503` retried by default.
+//! A retrying `reqwest::Client` (README "reqwest clients") against the demo server on loopback:
+//! requests built the reqwest way, one stamped key on every attempt, `Retry-After` honoured, a
+//! `503` retried by default, only safe or keyed requests retried, reqwest's errors kept.
 #![cfg(feature = "reqwest")]
 
 #[allow(dead_code)] // the Redis ledger is not used here
@@ -259,10 +260,10 @@ fn quick() -> tower_once::retry::backoff::Backoff {
     .unwrap()
 }
 
-/// HOLDS (README "reqwest clients", `http::SafeToRetry`): through `retry::reqwest::Client`, an
+/// As README "reqwest clients" and `http::SafeToRetry` say: through `retry::reqwest::Client`, an
 /// unkeyed `POST` or `PATCH` is sent once (its `503` is the answer); a `safe_to_retry()` one is
-/// retried and carries no key even with key stamping on; a stamped or keyed one is retried with
-/// one key on every attempt; a `PUT` is retried without a key.
+/// retried and carries no key even with key stamping on; a stamped or keyed one is retried with one
+/// key on every attempt; a `PUT` is retried without a key.
 #[tokio::test]
 async fn only_safe_or_keyed_requests_are_retried_and_safe_ones_get_no_key() {
     use tower_once::retry::reqwest::Client;
@@ -342,7 +343,7 @@ async fn only_safe_or_keyed_requests_are_retried_and_safe_ones_get_no_key() {
         .all(|(m, k)| *m == http::Method::PUT && k.is_none()));
 }
 
-/// HOLDS: the client's error keeps reqwest's: a connection refused on every attempt of a `GET`
+/// The client's error keeps reqwest's: a connection refused on every attempt of a `GET`
 /// is `reqwest().is_connect()`, with its attempts in the error and its text; and clones of one
 /// client share its retry budget (3 retries per 3 s here): once one clone has spent it, another
 /// clone's request on another task is not retried.

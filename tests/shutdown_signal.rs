@@ -1,4 +1,4 @@
-//! `shutdown_signal()` (crate docs, "Shutting down" in the README): SIGTERM, what containers are
+//! `shutdown_signal()` (crate docs; README "Stopping on SIGTERM"): SIGTERM, what containers are
 //! stopped with, and SIGINT both stop a process gracefully. Real processes: the demo server
 //! example, and this test binary run again as a child. Every wait is a bounded poll; nothing
 //! asserts on timing.
@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tower_once_test_support::ports::{free_port, wait_for_port};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -64,7 +65,7 @@ fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) {
 
 #[test]
 fn sigterm_lets_the_demo_server_finish_the_request_in_flight_and_exit_0() {
-    let port = support::free_port();
+    let port = free_port();
     let mut server = Command::new(support::server_binary())
         .args(["--addr", &format!("127.0.0.1:{port}")])
         // The layer's debug line says when the handler has the key: the request is in flight.
@@ -74,7 +75,7 @@ fn sigterm_lets_the_demo_server_finish_the_request_in_flight_and_exit_0() {
         .spawn()
         .expect("start the demo server");
     let log = lines(server.stderr.take().expect("piped stderr"));
-    support::wait_for_port(port, LIMIT);
+    wait_for_port(port, LIMIT);
 
     let url = format!("http://127.0.0.1:{port}/charges?delay_ms=2000");
     let client = std::thread::spawn(move || {

@@ -1,6 +1,8 @@
-//! tonic on both ends, over real HTTP/2 on loopback: `IdempotencyLayer` on a tonic server,
-//! `RetryLayer` + `HttpTimeoutLayer` on a tonic `Channel`. Messages are raw bytes (a codec of
-//! our own), so no protobuf tooling is needed; generated code calls the same tonic APIs.
+//! tonic on both ends (README "gRPC and tonic", "tonic clients"), over real HTTP/2 on loopback:
+//! `IdempotencyLayer` on a tonic server, `RetryLayer` + `HttpTimeoutLayer` on a tonic `Channel`;
+//! replays keep their status, a duplicate in flight is `UNAVAILABLE` with pushback, scopes fail
+//! closed as `UNAUTHENTICATED`. Messages are raw bytes (a codec of our own), so no protobuf tooling
+//! is needed; generated code calls the same tonic APIs.
 #![cfg(all(feature = "retry", feature = "timeout"))]
 
 use bytes::{Buf, BufMut, Bytes};
@@ -391,12 +393,11 @@ async fn a_call_still_running_at_the_deadline_is_deadline_exceeded_with_its_key(
     assert_eq!(charges.runs.load(SeqCst), 1, "the handler ran once");
 }
 
-/// Was a break, now fixed: a call the server is still running when the client runs out of *attempts* (not
-/// time). The README ("Retries that cannot become a storm", the `409` row) promises: "if the
-/// deadline or the attempts run out first, `Err(RetryError)` with `is_in_progress()` ... (gRPC:
-/// `DEADLINE_EXCEEDED`, the key in its metadata)". `GrpcStatusLayer` answers `UNAVAILABLE`
-/// instead (tonic.rs, `to_status`: `(false, _, Err(_)) => Status::unavailable`), the status a
-/// gRPC caller retries as "nothing happened" — with a freshly stamped key, a second charge.
+/// A call the server is still running when the client runs out of attempts (not time) ends as the
+/// README promises ("Retries that cannot become a storm", the `409` row: "... (gRPC:
+/// `DEADLINE_EXCEEDED`, the key in its metadata)"), never as `UNAVAILABLE`, the status a gRPC
+/// caller retries as "nothing happened" (with a freshly stamped key, a second charge). Was broken:
+/// `GrpcStatusLayer` answered `UNAVAILABLE` (tonic.rs, `to_status`).
 #[tokio::test]
 async fn a_call_still_running_when_the_attempts_run_out_is_deadline_exceeded_with_its_key() {
     let charges = Charges::default();
@@ -447,7 +448,7 @@ async fn a_call_still_running_when_the_attempts_run_out_is_deadline_exceeded_wit
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
 }
 
-/// HOLDS: scopes fail closed over gRPC (the idempotency crate's `scope` module: "gRPC
+/// Scopes fail closed over gRPC (the idempotency crate's `scope` module: "gRPC
 /// `UNAUTHENTICATED`"): on a tonic server whose `IdempotencyLayer` is scoped by an
 /// `x-tenant-id` header, a keyed call without the tenant is `UNAUTHENTICATED` and runs
 /// nothing; two tenants with one key run their own calls; a tenant's repeat is replayed.

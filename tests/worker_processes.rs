@@ -1,14 +1,16 @@
-//! The worker example as separate processes against a real `redis-server`, driven exactly as
-//! the issue's contract says: entries added with `XADD`, effects counted in Redis, workers
-//! killed with SIGKILL or stopped with SIGTERM. Every wait is a bounded poll; nothing asserts
-//! on timing.
+//! The worker example as separate processes (README "The Redis Streams worker": its flags, the
+//! `runs:<job_id>` and `effects:<job_id>` counters it keeps in Redis, `--run-once`, SIGTERM; the
+//! worker crate docs' "Known limits") against a real `redis-server`: entries added with `XADD`,
+//! effects counted in Redis, workers killed with SIGKILL, stopped with SIGTERM, restarted under the
+//! same name, or left running while Redis freezes. Every wait is a bounded poll; nothing asserts on
+//! timing.
 #![cfg(feature = "worker")]
 
 mod support;
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use support::RedisServer;
+use tower_once_test_support::redis::RedisServer;
 
 /// Short enough for quick takeovers, long enough for a loaded 2-core machine.
 const CLAIM_IDLE_MS: &str = "400";
@@ -342,4 +344,169 @@ fn killed_mid_run_with_run_once_runs_again_as_delivery_two() {
         "taken over once, run at once"
     );
     assert_eq!(counter(&server, "effects:mid"), 1);
+}
+
+/// With `--run-once`, "a job id whose effect is done is acknowledged without running again" (README
+/// "The Redis Streams worker"): the same job id enqueued twice while its first run (4 s) outlasts
+/// `claim_idle * max_deliveries` (400 ms * 2) has one effect, and the duplicate is acknowledged,
+/// never put in `jobs:dead`. The worker crate's
+/// `run_once::a_duplicate_enqueued_during_a_long_run_is_acked_as_duplicate` checks the library;
+/// this one the example's flags. Was broken: the duplicate ended in `jobs:dead`.
+#[test]
+fn a_duplicate_enqueued_during_a_long_run_is_not_dead_lettered() {
+    let server = RedisServer::start();
+    xadd(&server, "jobs", "dup", r#"{"action":"sleep","ms":4000}"#);
+    xadd(&server, "jobs", "dup", r#"{"action":"sleep","ms":4000}"#);
+    let _w = WorkerProcess::start(
+        &server,
+        &["--run-once", "--max-deliveries", "2", "--concurrency", "4"],
+    );
+    eventually("the effect and nothing pending", || {
+        counter(&server, "effects:dup") == 1 && pending(&server, "jobs") == 0
+    });
+    assert_eq!(counter(&server, "runs:dup"), 1, "one run (holds)");
+    assert_eq!(
+        xlen(&server, "jobs:dead"),
+        0,
+        "a duplicate of a job that succeeded was dead-lettered: {}",
+        server.cli(&["XRANGE", "jobs:dead", "-", "+"])
+    );
+}
+
+/// Known limit (worker crate docs and README, "Known limits"; ignored): a slow but live worker
+/// keeps its job, except when Redis is frozen longer than `claim_idle`. Redis frozen (SIGSTOP) for
+/// 5x `claim_idle` while a live worker ("a", `--run-once`) runs a long job and a second worker
+/// ("b") waits: after SIGCONT the entry's idle time and the run-once claim's TTL (both wall clock)
+/// have run out, and whichever `XAUTOCLAIM` Redis executes before the live worker's refresh takes
+/// the running job over (delivery 2); the run-once claim has expired, so the handler runs a second
+/// time while the first is still running. Intermittent (observed in 1 of 4 single-round runs), so
+/// this repeats the scenario for up to 5 rounds.
+#[test]
+#[ignore = "known limit (worker docs): Redis frozen longer than claim_idle can hand a live job to a second run"]
+fn redis_frozen_longer_than_claim_idle_hands_a_live_job_to_a_second_run() {
+    let mut server = RedisServer::start();
+    let _a = WorkerProcess::start(&server, &["--run-once", "--consumer", "a"]);
+    let _b = WorkerProcess::start(&server, &["--run-once", "--consumer", "b"]);
+    for round in 0..5 {
+        let id = format!("long-{round}");
+        xadd(&server, "jobs", &id, r#"{"action":"sleep","ms":3000}"#);
+        eventually("the job running", || {
+            counter(&server, &format!("runs:{id}")) == 1
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        server.signal("-STOP");
+        std::thread::sleep(Duration::from_millis(2000));
+        server.signal("-CONT");
+        eventually("the effect", || {
+            counter(&server, &format!("effects:{id}")) >= 1
+        });
+        eventually("nothing pending", || pending(&server, "jobs") == 0);
+        // A second run, if any, finishes too (its entry may already be acknowledged by the first
+        // run's XACK, which does not check ownership).
+        eventually("runs settle", || {
+            counter(&server, &format!("runs:{id}")) == counter(&server, &format!("effects:{id}"))
+        });
+        let (runs, effects) = (
+            counter(&server, &format!("runs:{id}")),
+            counter(&server, &format!("effects:{id}")),
+        );
+        assert_eq!(
+            (runs, effects),
+            (1, 1),
+            "round {round}: the live worker lost its running job after a 2 s Redis freeze \
+             (claim_idle {CLAIM_IDLE_MS} ms): runs {runs}, effects {effects}, deliveries {}",
+            counter(&server, &format!("deliveries:{id}"))
+        );
+    }
+    assert_eq!(xlen(&server, "jobs:dead"), 0);
+    server.stop();
+}
+
+/// SIGTERM while Redis is frozen: the worker still exits 0 (bounded by its command
+/// timeouts), and after SIGCONT a new worker finishes what was left (at least once).
+#[test]
+fn sigterm_while_redis_is_frozen_still_exits_zero() {
+    let server = RedisServer::start();
+    let mut w = WorkerProcess::start(&server, &["--concurrency", "2"]);
+    xadd(&server, "jobs", "f0", r#"{"action":"sleep","ms":300}"#);
+    eventually("f0 done", || counter(&server, "effects:f0") == 1);
+    xadd(&server, "jobs", "f1", r#"{"action":"sleep","ms":3000}"#);
+    eventually("f1 running", || counter(&server, "runs:f1") == 1);
+    server.signal("-STOP");
+    let status = w.terminate();
+    server.signal("-CONT");
+    assert!(status.success(), "{status:?}");
+    let _next = WorkerProcess::start(&server, &["--consumer", "next"]);
+    eventually("f1 done", || counter(&server, "effects:f1") >= 1);
+    eventually("nothing pending", || pending(&server, "jobs") == 0);
+    // At least once, not exactly once: the stopping worker's `INCR effects:f1` sat in its
+    // socket while Redis was frozen, its handler gave up (transient), and Redis applied the
+    // INCR after SIGCONT; the redelivery ran it again (effects 2 was observed). That is the
+    // documented run-without-run-once contract, not a worker bug.
+    assert!(counter(&server, "effects:f1") <= 2);
+}
+
+/// SIGTERM mid-batch with concurrency 4 and a shutdown grace shorter than the jobs:
+/// exit 0, nothing acknowledged unprocessed (no effect, every entry still pending or unread),
+/// and a second worker runs each job to one effect.
+#[test]
+fn shutdown_grace_expiring_mid_batch_acks_nothing_unprocessed() {
+    let server = RedisServer::start();
+    let mut w = WorkerProcess::start(
+        &server,
+        &["--concurrency", "4", "--shutdown-grace-ms", "300"],
+    );
+    let ids: Vec<String> = (0..8).map(|i| format!("g{i}")).collect();
+    for id in &ids {
+        xadd(&server, "jobs", id, r#"{"action":"sleep","ms":4000}"#);
+    }
+    eventually("four running", || {
+        ids.iter()
+            .map(|id| counter(&server, &format!("runs:{id}")))
+            .sum::<u64>()
+            == 4
+    });
+    let status = w.terminate();
+    assert!(status.success(), "{status:?}");
+    let started: u64 = ids
+        .iter()
+        .map(|id| counter(&server, &format!("runs:{id}")))
+        .sum();
+    assert_eq!(started, 4, "never more than --concurrency handlers");
+    assert_eq!(
+        pending(&server, "jobs"),
+        4,
+        "the abandoned four stay pending"
+    );
+    for id in &ids {
+        assert_eq!(counter(&server, &format!("effects:{id}")), 0);
+    }
+    let _next = WorkerProcess::start(&server, &["--consumer", "next", "--concurrency", "8"]);
+    eventually("all done", || {
+        ids.iter()
+            .all(|id| counter(&server, &format!("effects:{id}")) == 1)
+    });
+    eventually("nothing pending", || pending(&server, "jobs") == 0);
+    assert_eq!(xlen(&server, "jobs:dead"), 0);
+}
+
+/// A worker SIGKILLed mid-job and restarted under the same consumer name, while its old
+/// entry is pending in its own name: the new process (which never reads its own pending list
+/// with `0`) takes it over after `claim_idle` as delivery 2; with `--run-once` one effect.
+#[test]
+fn restarted_under_the_same_name_takes_back_its_own_pending_entry() {
+    let server = RedisServer::start();
+    let mut old = WorkerProcess::start(&server, &["--run-once", "--consumer", "same"]);
+    xadd(&server, "jobs", "mine", r#"{"action":"sleep","ms":1500}"#);
+    eventually("running", || counter(&server, "runs:mine") == 1);
+    if let Some(mut child) = old.child.take() {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let _new = WorkerProcess::start(&server, &["--run-once", "--consumer", "same"]);
+    eventually("done", || counter(&server, "effects:mine") == 1);
+    eventually("nothing pending", || pending(&server, "jobs") == 0);
+    assert_eq!(counter(&server, "runs:mine"), 2);
+    assert_eq!(counter(&server, "deliveries:mine"), 2);
+    assert_eq!(counter(&server, "effects:mine"), 1);
 }

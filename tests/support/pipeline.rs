@@ -1,13 +1,16 @@
-//! The pipeline example as separate processes (`examples/pipeline`), for the pipeline tests
-//! and their attacks: a `redis-server` and a PostgreSQL database of its own, each role on a
-//! free port, its stdout kept for the worker's outcome lines, everything killed on drop.
+//! The pipeline example as separate processes (`examples/pipeline`), for the pipeline tests: a
+//! `redis-server` and a PostgreSQL database of its own, each role on a free port, its stdout kept
+//! for the worker's outcome lines, everything killed on drop.
 
-use super::{example_binary_with, free_port, http, wait_for_port, PgDatabase, RedisServer};
+use super::{example_binary_with, http};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tower_once_test_support::ports::{free_port, wait_for_port};
+use tower_once_test_support::postgres::Database;
+use tower_once_test_support::redis::RedisServer;
 
 pub(crate) const LIMIT: Duration = Duration::from_secs(60);
 pub(crate) const STREAM: &str = "jobs:summaries";
@@ -54,7 +57,7 @@ impl Drop for Proc {
 
 pub(crate) struct Pipeline {
     pub(crate) redis: RedisServer,
-    pub(crate) db: PgDatabase,
+    pub(crate) db: Database,
     pub(crate) api: u16,
     pub(crate) model: u16,
     pub(crate) mailer: u16,
@@ -65,7 +68,7 @@ impl Pipeline {
     pub(crate) fn new() -> Self {
         Self {
             redis: RedisServer::start(),
-            db: PgDatabase::create(),
+            db: Database::create(),
             api: free_port(),
             model: free_port(),
             mailer: free_port(),

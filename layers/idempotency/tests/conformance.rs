@@ -1,4 +1,5 @@
-//! The store conformance suite against `MemoryStore`, on tokio's paused clock.
+//! The store contract (the `store` module's numbered rules, checked by the public conformance
+//! suite) against `MemoryStore`, on tokio's paused clock.
 
 use tower_once_idempotency::store::conformance::{PausedClock, Suite};
 use tower_once_idempotency::store::MemoryStore;

@@ -1,16 +1,21 @@
-//! Waiting for detached work at shutdown (the `Detached` docs; the README's "Stopping on
-//! SIGTERM" and the row "the client went away ... at shutdown, `layer.detached().wait()` after
-//! the server stopped lets such handlers finish"): after a graceful shutdown, `wait()` returns
-//! only once every background store write of the layer has landed, so a rolling deploy never
-//! cuts the write that makes a client's retry a replay.
+//! Waiting for detached work at shutdown (the `Detached` docs; the README's "Stopping on SIGTERM"
+//! and the row "the client went away ... at shutdown, `layer.detached().wait()` after the server
+//! stopped lets such handlers finish"): after a graceful shutdown, `wait()` returns only once every
+//! handler whose client left and every background store write of the layer has finished, so a
+//! rolling deploy never cuts the work that makes a client's retry a replay.
 //!
-//! Real axum servers on loopback, each in a runtime of its own (a process: dropping the
-//! runtime is the process exiting). The store is a `MemoryStore` that outlives them (it stands
-//! for Redis), behind a wrapper that makes its completions slow, as a loaded network store is.
+//! Real axum servers on loopback, each in a runtime of its own (a process: dropping the runtime is
+//! the process exiting). The store is a `MemoryStore` that outlives them (it stands for Redis),
+//! behind a wrapper that makes its completions slow, as a loaded network store is.
 
 use axum::routing::post;
 use axum::Router;
+use bytes::Bytes;
+use http::Request;
 use http::StatusCode;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -102,12 +107,12 @@ fn app<St: IdempotencyStore>(
 const CHARGE: &[u8] = b"POST /charges HTTP/1.1\r\nhost: x\r\nidempotency-key: deploy-1\r\n\
 content-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
 
-/// Was a break, now fixed: a client that gives up while the layer is storing its response (the handler ran; the
-/// completion is on its way to a slow store) drops the request's future; the `ClaimGuard`
-/// then finishes the write on a task `Detached` does not count (future/claim.rs, `Drop for
-/// ClaimGuard` → `spawn_detached` → `spawn_or_warn`, a bare `Handle::spawn`). A graceful
-/// shutdown followed by `detached.wait()` returns at once, the process exits, the write is
-/// lost, and once the lease runs out the client's retry runs the handler a second time.
+/// A client that gives up while the layer is storing its response (the handler ran; the completion
+/// is on its way to a slow store) drops the request's future; the write then finishes on a task
+/// `Detached` counts, so a graceful shutdown followed by `detached.wait()` waits for it and the
+/// client's retry after the deploy is a replay. Was broken: the `ClaimGuard` finished the write on
+/// a bare `Handle::spawn`, `wait()` returned at once, the process exited, the write was lost, and
+/// once the lease ran out the retry ran the handler a second time.
 #[test]
 fn wait_after_shutdown_covers_a_completion_whose_client_left() {
     let memory = MemoryStore::new();
@@ -202,4 +207,88 @@ fn wait_after_shutdown_covers_a_completion_whose_client_left() {
             .contains("idempotent-replayed: true"),
         "the retry after the deploy is a replay: {answer:?}"
     );
+}
+
+/// Was broken: the task that finishes a handler whose client left was invisible to axum's
+/// graceful shutdown: it waits for connections, there were none left, the process ended and
+/// the handler was dropped half-way. Now the layer counts such tasks
+/// (`IdempotencyLayer::detached`) and the shutdown waits for them after the server stopped.
+#[test]
+fn graceful_shutdown_waits_for_a_detached_handler() {
+    assert_eq!(
+        shutdown_during_handler(true),
+        1,
+        "the detached handler was dropped half-way by a graceful shutdown"
+    );
+}
+
+/// The same shutdown while the client is still connected waits for the
+/// handler, which finishes.
+#[test]
+fn graceful_shutdown_waits_for_an_attached_handler() {
+    assert_eq!(shutdown_during_handler(false), 1);
+}
+
+fn shutdown_during_handler(client_leaves: bool) -> usize {
+    let started = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (s, f) = (started.clone(), finished.clone());
+    rt.block_on(async move {
+        let layer = IdempotencyLayer::new();
+        let detached = layer.detached();
+        let app = Router::new()
+            .route(
+                "/charges",
+                post(move || {
+                    let (s, f) = (s.clone(), f.clone());
+                    async move {
+                        s.fetch_add(1, SeqCst);
+                        tokio::time::sleep(Duration::from_millis(800)).await;
+                        f.fetch_add(1, SeqCst); // the effect's second half
+                        (StatusCode::CREATED, "charged")
+                    }
+                }),
+            )
+            .layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        let req = Request::post(format!("http://{addr}/charges"))
+            .header("idempotency-key", "deploy")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let request = tokio::spawn(client.request(req));
+        for _ in 0..200 {
+            if started.load(SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(started.load(SeqCst), 1);
+        if client_leaves {
+            request.abort(); // the client times out and leaves
+            let _ = request.await;
+            drop(client);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = stop.send(()); // a rolling deploy
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        // What a graceful shutdown does after the server stopped (see `Detached`).
+        let _ = tokio::time::timeout(Duration::from_secs(5), detached.wait()).await;
+    });
+    drop(rt); // main returns
+    finished.load(SeqCst)
 }

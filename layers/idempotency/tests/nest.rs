@@ -1,5 +1,7 @@
-//! Record identity behind axum's `Router::nest` and `route_layer`: a record belongs to the path
-//! the client addressed, not the stripped path a nested router sees.
+//! Record identity behind axum's `Router::nest` and `route_layer` (README "What the idempotency
+//! layer answers": "Behind axum's `Router::nest` the layer identifies a record by the full path the
+//! client addressed"): a record belongs to the path the client addressed, not the stripped path a
+//! nested router sees.
 
 use axum::extract::Path;
 use axum::routing::post;
@@ -206,7 +208,7 @@ fn outside_the_router(runs: Runs) -> impl Fn(&'static str) -> Sent {
     }
 }
 
-/// HOLDS: with the layer outside the whole `Router`, nested routers under `/accounts/{id}` and
+/// With the layer outside the whole `Router`, nested routers under `/accounts/{id}` and
 /// `/v2/accounts/{id}` sharing one store: a record belongs to the path the client addressed.
 /// Another account, another prefix, or a trailing slash the router does not route never get
 /// the record; the same account's retry is replayed.
@@ -234,13 +236,11 @@ async fn identity_follows_the_addressed_path_with_the_layer_outside_the_router()
     assert_eq!(runs.get(), 3);
 }
 
-/// Was a break, now fixed: the record's identity treats an escaped unreserved character as the character
-/// (store/key.rs, `normalize_path`: "`%61` ... is the same resource as the character itself
-/// ... so both name one record"), but the fingerprint hashes the raw path
-/// (fingerprint.rs), so the same request to `/accounts/%41/charges` after
-/// `/accounts/A/charges` finds A's record and is refused `422` "used with a different
-/// request" instead of replayed. Promised (README table): only "other query or body" is `422`;
-/// the same key and request, completed, replays.
+/// The same request to `/accounts/%41/charges` after `/accounts/A/charges` is a retry of it and is
+/// replayed, not refused: only "other query or body" is `422` (README table), and the record's
+/// identity treats an escaped unreserved character as the character (store/key.rs,
+/// `normalize_path`), so its fingerprint does too. Was broken: the fingerprint hashed the raw path,
+/// so the retry found A's record and was refused `422` "used with a different request".
 #[tokio::test]
 async fn a_retry_with_an_escaped_path_is_replayed_not_refused() {
     let runs = Runs::default();

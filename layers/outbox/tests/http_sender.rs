@@ -435,14 +435,13 @@ fn every_300ms() -> Backoff {
         .jitter(Jitter::None)
 }
 
-/// Was a break, now fixed: the relay attaches the send's deadline to the `OutboxMessage` ("the deadline travels
-/// with the message too, for a sender that hands it to a task"; `OutboxMessage` is a `Carrier`,
-/// README "Retries that cannot become a storm"), but `HttpSender` builds the HTTP request
-/// without the message's extensions (http/route.rs, `Route::request`), so a retry layer on the
-/// client below it, on another task, never sees the deadline: it keeps sending to the provider
-/// long after the relay cut the send at 800 ms and scheduled the row again. A provider that
-/// always answers `503`, a retry every 300 ms: within the deadline there is room for 3
-/// requests (at 0, 300 and 600 ms); the client makes all 10 of its attempts.
+/// The send's deadline reaches the HTTP request ("the deadline travels with the message too, for a
+/// sender that hands it to a task"; `OutboxMessage` is a `Carrier`, README "Retries that cannot
+/// become a storm"): a retry layer on the client below `HttpSender`, on another task, stops at it.
+/// A provider that always answers `503`, a retry every 300 ms: within the deadline there is room
+/// for 3 requests (at 0, 300 and 600 ms). Was broken: `HttpSender` built the request without the
+/// message's extensions (http/route.rs, `Route::request`), so the client made all 10 of its
+/// attempts, long after the relay had cut the send at 800 ms and scheduled the row again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_on_another_task_stops_at_the_sends_deadline() {
     let db = Database::new().await;
@@ -475,12 +474,12 @@ async fn a_sender_on_another_task_stops_at_the_sends_deadline() {
     );
 }
 
-/// Was a break, now fixed: the same loss for the retry attempt's mark: a `RetryLayer` around the sender marks
-/// each message as one of its attempts, and a retry layer below, on the task the message was
-/// handed to, should defer to it ("Nested retries must not multiply", README "Retries that
-/// cannot become a storm": the mark travels with `OutboxMessage`). `HttpSender` drops the mark
-/// with the rest of the message's extensions (http/route.rs, `Route::request`): 3 outer
-/// attempts × 4 inner ones reach the provider, 12 requests instead of 3.
+/// Nested retries must not multiply (README "Retries that cannot become a storm": the attempt's
+/// mark travels with `OutboxMessage`): a `RetryLayer` around the sender marks each message as one
+/// of its attempts, and a retry layer below, on the task the message was handed to, defers to it: 3
+/// requests reach the provider. Was broken: `HttpSender` dropped the mark with the rest of the
+/// message's extensions (http/route.rs, `Route::request`), so 3 outer attempts × 4 inner ones made
+/// 12.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_above_and_below_a_sender_on_another_task_do_not_multiply() {
     let db = Database::new().await;
@@ -525,7 +524,7 @@ async fn retries_above_and_below_a_sender_on_another_task_do_not_multiply() {
     );
 }
 
-/// HOLDS: a client below the sender that retries and stamps keys
+/// A client below the sender that retries and stamps keys
 /// (`stamp_idempotency_keys(true)`) still sends the dedupe key, the same on every attempt and
 /// every relay pass; `500`, `502`, `504` and `408` are never counted as sent, and the row
 /// keeps its attempts until a `201` marks it sent once.
@@ -587,13 +586,11 @@ async fn failures_are_never_sent_and_every_attempt_carries_the_dedupe_key() {
     );
 }
 
-/// Was a break, now fixed (the README and the crate docs disagreed; they say the same now): the README's `HttpSender` table says only
-/// a `2xx` marks the row sent and "any other status" parks it; the `http` module's table, and
-/// the code, make a `3xx` a delivery (classify.rs, `HttpClassifier`: redirections are
-/// `Success`; http/future.rs `Read::finish`). A provider that answers `308 Permanent Redirect`
-/// (an `http://` route to a provider that moved to `https://`) accepted nothing, the client
-/// does not follow it, and the relay marks the message sent: it is never delivered and never
-/// parked for a person.
+/// A `3xx` is not a delivery (the README's `HttpSender` table and the `http` module's table: only a
+/// `2xx` marks the row sent): a provider that answers `308 Permanent Redirect` (an `http://` route
+/// to a provider that moved to `https://`) accepted nothing, and the client does not follow it, so
+/// the row is parked for a person, not marked sent. Was broken: the code made a `3xx` a delivery,
+/// so the message was never delivered and never parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_is_not_a_delivery() {
     let db = Database::new().await;

@@ -1,5 +1,6 @@
-//! `HttpRetryLayer`: safe-request rule, key stamping, non-Clone bodies replayed byte for byte,
-//! over-limit bodies sent once, the deadline in each attempt's extensions.
+//! `HttpRetryLayer` (README "Retries that cannot become a storm"; crate docs "HTTP"): the
+//! safe-request rule, key stamping, non-Clone bodies replayed byte for byte, over-limit bodies sent
+//! once, the deadline in each attempt's extensions.
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};

@@ -1,4 +1,6 @@
-//! Behaviour of `RetryLayer` on tokio's paused clock. Every test counts the inner calls.
+//! `RetryLayer`'s semantics table (crate docs "Semantics"; README "Retries that cannot become a
+//! storm": which outcomes are retried, backoff with jitter, `Retry-After`, attempts, one deadline,
+//! the hook, the seed and the budget), on tokio's paused clock. Every test counts the inner calls.
 
 use http::{Response, StatusCode};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};

@@ -1,4 +1,7 @@
-//! Behaviour of the timeout layers on tokio's paused clock.
+//! The timeout layers' semantics table (crate docs "Semantics"; README "Timeouts that respect the
+//! deadline": each call capped at `min(limit, time left before the Deadline)`, no call once the
+//! deadline is spent, which bound fired; the HTTP client and server forms), on tokio's paused
+//! clock.
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -428,12 +431,12 @@ impl<R: Send + 'static> Service<R> for BusyUntil {
     }
 }
 
-/// Was a break, now fixed, up to a documented limit: a deadline in scope while the caller
-/// polls (`Deadline::in_scope`) reaches a `TimeoutLayer` behind a `tower::buffer::Buffer`. The
-/// `Buffer`'s worker calls the layer outside the caller's scope, so the inner service's `call`
-/// is made (the documented limit: a deadline carried on the request prevents even that, see
-/// the next test); its future, which does the work, is never polled once the caller's
-/// deadline has passed, and the caller gets the deadline's `Elapsed`, never a late `Ok`.
+/// A deadline in scope while the caller polls (`Deadline::in_scope`) reaches a `TimeoutLayer`
+/// behind a `tower::buffer::Buffer`, up to a documented limit: the `Buffer`'s worker calls the
+/// layer outside the caller's scope, so the inner service's `call` is made (a deadline carried on
+/// the request prevents even that, see the next test); its future, which does the work, is never
+/// polled once the caller's deadline has passed, and the caller gets the deadline's `Elapsed`,
+/// never a late `Ok`.
 #[tokio::test(start_paused = true)]
 async fn behind_a_buffer_a_deadline_in_scope_that_passed_never_reaches_the_inner_service() {
     let started_at = Instant::now();
@@ -460,7 +463,7 @@ async fn behind_a_buffer_a_deadline_in_scope_that_passed_never_reaches_the_inner
     );
 }
 
-/// HOLDS: the same with a request that carries its deadline (`Deadline::attach` on an
+/// The same with a request that carries its deadline (`Deadline::attach` on an
 /// `http::Request`): the layer behind the `Buffer` sees it spent and does not call the
 /// upstream.
 #[tokio::test(start_paused = true)]

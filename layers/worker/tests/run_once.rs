@@ -1,14 +1,24 @@
-//! `RunOnceLayer` on the in-memory store under paused time: the lease is renewed while a slow
-//! handler runs, a failure releases the claim, a success makes later deliveries duplicates,
-//! and the delivery's deadline reaches a handler called after the claim.
+//! `RunOnceLayer` (worker crate docs: a job runs once per job id). On the in-memory store under
+//! paused time: the lease is renewed while a slow handler runs, a failure releases the claim, a
+//! success makes later deliveries duplicates, and the delivery's deadline reaches a handler called
+//! after the claim. Through a real worker on a `redis-server`: one effect per job id on the memory
+//! and the Redis store, and a duplicate entry enqueued during a long run is acknowledged as a
+//! duplicate.
 
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-use std::sync::Arc;
+mod support;
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::{
+    config, dead_letters, eventually, handler, manager, ok, pending, start, xadd, Log, CLAIM_IDLE,
+};
 use tower::{Layer, ServiceExt};
+use tower_once_idempotency::store::redis::RedisStore;
 use tower_once_idempotency::store::MemoryStore;
+use tower_once_test_support::redis::RedisServer;
 use tower_once_timeout::Deadline;
-use tower_once_worker::{Job, JobError, JobId, RunOnceLayer};
+use tower_once_worker::{Job, JobError, JobId, Producer, RunOnceLayer, Worker};
 
 fn job(id: &str) -> Job {
     Job::new("1-0", JobId::new(id).unwrap(), "{}", 1)
@@ -131,4 +141,106 @@ async fn a_jobs_deadline_and_attempt_mark_cross_a_buffer_and_a_task() {
     let err = outer.oneshot(job("nested-1")).await.unwrap_err();
     assert_eq!(err.attempts(), 3);
     assert_eq!(calls.load(SeqCst), 3, "3 attempts, not 3 x 4");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_once_gives_one_effect_per_job_id_on_memory_and_redis_stores() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let redis_store = RedisStore::connect(&server.url()).await.unwrap();
+    for (stream, memory) in [("mem", true), ("red", false)] {
+        let log = Log::default();
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let inner = handler(&log, ok);
+        let seen = outcomes.clone();
+        let run_once = |svc| -> tower::util::BoxCloneService<Job, (), tower_once_worker::BoxError> {
+            let seen = seen.clone();
+            let record = move |o: tower_once_worker::RunOnceOutcome<()>| {
+                seen.lock().unwrap().push(o.is_duplicate())
+            };
+            if memory {
+                tower::util::BoxCloneService::new(
+                    RunOnceLayer::new(MemoryStore::new())
+                        .layer(svc)
+                        .map_response(record)
+                        .map_err(Into::into),
+                )
+            } else {
+                tower::util::BoxCloneService::new(
+                    RunOnceLayer::new(redis_store.clone())
+                        .layer(svc)
+                        .map_response(record)
+                        .map_err(Into::into),
+                )
+            }
+        };
+        let svc = run_once(inner);
+        let producer = Producer::new(conn.clone(), stream);
+        let job = JobId::from_scoped_key(&tower_once_idempotency::store::StoreKey::from_bytes(
+            [4; 32],
+        ));
+        producer.enqueue(&job, "{}").await.unwrap();
+        producer.enqueue(&job, "{}").await.unwrap();
+        let worker =
+            start!(
+                Worker::connect(&server.url(), config(stream, "w").concurrency(1), svc).unwrap()
+            );
+        eventually("both acked", || async {
+            outcomes.lock().unwrap().len() == 2
+        })
+        .await;
+        let report = worker.stop().await;
+        assert_eq!(log.calls(job.as_str()), 1, "{stream}: one effect");
+        assert_eq!(
+            *outcomes.lock().unwrap(),
+            [false, true],
+            "{stream}: done, then duplicate"
+        );
+        assert_eq!(report.acked, 2);
+        assert_eq!(pending(&mut conn, stream).await, 0);
+    }
+}
+
+/// The same job id enqueued twice while the first run takes longer than `claim_idle *
+/// max_deliveries`: the second entry is acknowledged as a duplicate (the run-once claim names its
+/// stream entry), never dead-lettered for a job whose effect succeeded. Was broken: each delivery
+/// of the duplicate found the claim in progress, was classified transient and left pending, burnt a
+/// delivery, and the duplicate was finally dead-lettered (`max_deliveries`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_enqueued_during_a_long_run_is_acked_as_duplicate() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let effects = Arc::new(AtomicUsize::new(0));
+    let done = effects.clone();
+    let inner = handler(&log, |_| Ok(Duration::from_secs(3))).map_response(move |()| {
+        done.fetch_add(1, Ordering::SeqCst);
+    });
+    let svc = RunOnceLayer::new(MemoryStore::new())
+        .lease(CLAIM_IDLE / 2)
+        .layer(inner);
+    xadd(&mut conn, "dup", "order-1", "{}").await;
+    xadd(&mut conn, "dup", "order-1", "{}").await;
+    let worker = start!(Worker::connect(
+        &server.url(),
+        config("dup", "w").concurrency(4).max_deliveries(2),
+        svc
+    )
+    .unwrap());
+    eventually("the effect", || async {
+        effects.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    eventually("nothing pending", || {
+        let mut conn = conn.clone();
+        async move { pending(&mut conn, "dup").await == 0 }
+    })
+    .await;
+    let report = worker.stop().await;
+    assert_eq!(log.calls("order-1"), 1, "one run (holds)");
+    let dead = dead_letters(&mut conn, "dup").await;
+    assert!(
+        dead.is_empty(),
+        "the duplicate of a job that succeeded was dead-lettered: {dead:?}; report {report:?}"
+    );
 }

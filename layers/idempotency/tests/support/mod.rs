@@ -1,5 +1,5 @@
 //! What the idempotency crate's test files share: a handler whose query scripts it, counting
-//! its runs and the claim tokens it saw.
+//! its runs and the claim tokens it saw, and an axum server on a loopback port.
 
 #![allow(dead_code)] // each test file uses its own part
 
@@ -88,4 +88,12 @@ impl Service<Req> for Handler {
                 .unwrap())
         })
     }
+}
+
+/// Serves `app` with `axum::serve` on a free loopback port, on a task of its own.
+pub(crate) async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
 }

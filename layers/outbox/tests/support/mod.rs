@@ -1,5 +1,5 @@
-//! What the outbox tests share: a PostgreSQL schema of their own (`DATABASE_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`), a count of sends per dedupe key, and a relay
+//! What the outbox tests share: a pool on a PostgreSQL schema or database of their own (made
+//! and dropped by `tower-once-test-support`), a count of sends per dedupe key, and a relay
 //! configuration with a short lease.
 #![allow(dead_code)] // each test binary uses part of this module
 
@@ -14,15 +14,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower_once_outbox::{Enqueued, Outbox, OutboxMessage, RelayConfig};
 use tower_once_retry::backoff::Backoff;
+use tower_once_test_support::postgres::{self, database_url};
 
-pub(crate) fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A schema of its own, dropped (with `psql`, so it happens even after a panic) on drop.
-/// Its connections carry `application_name = <schema>`, so a test can kill exactly them.
+/// A schema of its own (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`),
+/// dropped (with `psql`, so it happens even after a panic) on drop, and a pool on it. Its
+/// connections carry `application_name = <schema>`, so a test can kill exactly them.
 pub(crate) struct Schema {
+    // First: the schema is dropped before the pool closes.
+    _schema: postgres::Schema,
     pub(crate) name: String,
     pub(crate) pool: PgPool,
 }
@@ -33,15 +32,14 @@ impl Schema {
     }
 
     pub(crate) async fn with_pool(max: u32) -> Self {
-        let name = format!("outbox_test_{}", fastrand::u64(..));
-        let admin = PgPool::connect(&database_url()).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
+        let schema = postgres::Schema::create();
+        let name = schema.name.clone();
         let pool = Self::pool_for(&name, max, Duration::from_secs(30)).await;
-        Self { name, pool }
+        Self {
+            _schema: schema,
+            name,
+            pool,
+        }
     }
 
     pub(crate) fn options(name: &str) -> PgConnectOptions {
@@ -95,19 +93,6 @@ impl Schema {
         .unwrap();
         admin.close().await;
         n
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(database_url())
-            .args([
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-            ])
-            .output();
     }
 }
 
@@ -256,51 +241,32 @@ impl<T: Send + 'static> Running<T> {
 
 /// A database of its own on the machine's PostgreSQL (`PG_URL`, a server URL; default
 /// `postgres://postgres@127.0.0.1:5432`), created for one test and dropped (with `psql`, so it
-/// happens even after a panic) when this is dropped.
+/// happens even after a panic) when this is dropped, and a pool on it.
 pub(crate) struct Database {
+    // First: the database is dropped before the pool closes.
+    _database: postgres::Database,
     pub(crate) name: String,
     pub(crate) pool: PgPool,
-    server: String,
 }
 
 impl Database {
     pub(crate) async fn new() -> Self {
-        let server = std::env::var("PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
-        let server = server.trim_end_matches('/').to_owned();
-        let name = format!("outbox_db_{}", fastrand::u64(..));
-        let admin = PgPool::connect(&format!("{server}/postgres"))
-            .await
-            .unwrap();
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
+        let database = postgres::Database::create();
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .connect(&format!("{server}/{name}"))
+            .connect(&database.url())
             .await
             .unwrap();
-        Self { name, pool, server }
+        Self {
+            name: database.name.clone(),
+            _database: database,
+            pool,
+        }
     }
 
     pub(crate) async fn outbox(&self) -> Outbox {
         let outbox = Outbox::new(self.pool.clone());
         outbox.migrate().await.unwrap();
         outbox
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(format!("{}/postgres", self.server))
-            .args([
-                "-q",
-                "-c",
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            ])
-            .output();
     }
 }

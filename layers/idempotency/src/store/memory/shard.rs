@@ -1,8 +1,8 @@
 //! One shard of the memory store: its records, their expiry indices, and what each scope
 //! holds.
 
+use super::entry::{Entry, State};
 use super::rank::Ranking;
-use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimToken, StoreKey, StoredResponse};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -10,31 +10,34 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use tokio::time::Instant;
 
+#[cfg(test)]
+mod inspect;
+
 #[derive(Default)]
 pub(super) struct Shard {
-    pub(super) map: HashMap<StoreKey, Entry>,
+    map: HashMap<StoreKey, Entry>,
     // NOTE: every claim in progress is here under its current `expires_at`, and every
     // completed record in its scope's `replayable` or `not_replayable`; `insert`, `complete`,
-    // `remove` and `do_extend` keep them in step with `map`. One index entry per record:
+    // `remove` and `extend` keep them in step with `map`. One index entry per record:
     // expired completed records are dropped per scope (the scope of each operation, and every
     // scope when room must be made), so no shard-wide index of them is needed.
-    pub(super) leases: BTreeSet<(Instant, StoreKey)>,
-    pub(super) bytes: usize,
+    leases: BTreeSet<(Instant, StoreKey)>,
+    bytes: usize,
     // What each scope holds in this shard, to decide who pays when room must be made.
-    pub(super) scopes: Scopes,
+    scopes: Scopes,
     // The scopes ranked by entries (and whether they hold a completed record), by bytes, and
     // by their first completed record to expire: a full shard finds who pays, and what
     // expired, without visiting every scope. Each is pushed to as its rank changes.
-    pub(super) by_entries: Ranking<(usize, bool)>,
-    pub(super) by_bytes: Ranking<usize>,
-    pub(super) by_expiry: Ranking<Reverse<Instant>>,
+    by_entries: Ranking<(usize, bool)>,
+    by_bytes: Ranking<usize>,
+    by_expiry: Ranking<Reverse<Instant>>,
 }
 
 /// Hashes a scope tag as itself. Tags are already keyed hashes (SipHash under a random
 /// per-process key, see `StoreKey::scope_tag`), so a client cannot aim tags at one bucket, and
 /// hashing them again would only repeat work every operation pays.
 #[derive(Default)]
-pub(super) struct TagHasher(u64);
+struct TagHasher(u64);
 
 impl Hasher for TagHasher {
     fn finish(&self) -> u64 {
@@ -54,18 +57,18 @@ impl Hasher for TagHasher {
 }
 
 #[derive(Default)]
-pub(super) struct ScopeUse {
-    pub(super) entries: usize,
-    pub(super) bytes: usize,
+struct ScopeUse {
+    entries: usize,
+    bytes: usize,
     // The completed records that hold a response (bytes): the only ones whose eviction frees
     // bytes. A not-replayable record holds none and is never evicted for bytes.
-    pub(super) replayable: BTreeSet<(Instant, StoreKey)>,
-    pub(super) not_replayable: BTreeSet<(Instant, StoreKey)>,
+    replayable: BTreeSet<(Instant, StoreKey)>,
+    not_replayable: BTreeSet<(Instant, StoreKey)>,
 }
 
 impl ScopeUse {
     /// The completed record that expires first.
-    pub(super) fn oldest_completed(&self) -> Option<(Instant, StoreKey)> {
+    fn oldest_completed(&self) -> Option<(Instant, StoreKey)> {
         match (self.replayable.first(), self.not_replayable.first()) {
             (Some(a), Some(b)) => Some(*a.min(b)),
             (a, b) => a.or(b).copied(),
@@ -73,24 +76,24 @@ impl ScopeUse {
     }
 
     /// The completed record that holds bytes and expires first.
-    pub(super) fn oldest_replayable(&self) -> Option<(Instant, StoreKey)> {
+    fn oldest_replayable(&self) -> Option<(Instant, StoreKey)> {
         self.replayable.first().copied()
     }
 
     /// Its rank for room by entries: what it holds, then whether it has a completed record to
     /// give (among equals, one that can pay is chosen).
-    pub(super) fn entries_rank(&self) -> (usize, bool) {
+    fn entries_rank(&self) -> (usize, bool) {
         let gives = !(self.replayable.is_empty() && self.not_replayable.is_empty());
         (self.entries, gives)
     }
 
     /// Its rank for room by bytes: `None` when it holds none.
-    pub(super) fn bytes_rank(&self) -> Option<usize> {
+    fn bytes_rank(&self) -> Option<usize> {
         (self.bytes > 0).then_some(self.bytes)
     }
 
     /// Its rank for expiry: the end of its first completed record to expire, soonest first.
-    pub(super) fn expiry_rank(&self) -> Option<Reverse<Instant>> {
+    fn expiry_rank(&self) -> Option<Reverse<Instant>> {
         self.oldest_completed().map(|(at, _)| Reverse(at))
     }
 
@@ -102,42 +105,22 @@ impl ScopeUse {
     }
 }
 
-pub(super) struct Entry {
-    pub(super) fingerprint: Fingerprint,
-    pub(super) scope: u64,
-    pub(super) expires_at: Instant,
-    pub(super) state: State,
-}
-
-pub(super) enum State {
-    InProgress {
-        token: ClaimToken,
-    },
-    // `size` is the response's approximate size, counted once: every index update needs it.
-    Completed {
-        response: Arc<StoredResponse>,
-        size: usize,
-    },
-    NotReplayable,
-}
-
-impl State {
-    pub(super) fn completed(response: StoredResponse) -> Self {
-        State::Completed {
-            size: response.approximate_size(),
-            response: Arc::new(response),
-        }
-    }
-
-    pub(super) fn size(&self) -> usize {
-        match self {
-            State::Completed { size, .. } => *size,
-            State::InProgress { .. } | State::NotReplayable => 0,
-        }
-    }
-}
-
 impl Shard {
+    /// The records held, expired ones that were not dropped yet included.
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The bytes of the responses held.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The record under `key`, expired or not.
+    pub(super) fn get(&self, key: &StoreKey) -> Option<&Entry> {
+        self.map.get(key)
+    }
+
     pub(super) fn insert(&mut self, key: StoreKey, entry: Entry) {
         let size = entry.state.size();
         let scope = entry.scope;
@@ -316,6 +299,18 @@ impl Shard {
         true
     }
 
+    /// Moves the lease of `token`'s claim under `key` to end at `until`; `false` if `token`
+    /// holds no claim on `key`.
+    pub(super) fn extend(&mut self, key: &StoreKey, token: ClaimToken, until: Instant) -> bool {
+        let Some(entry) = self.owned_by(key, token) else {
+            return false;
+        };
+        let old = std::mem::replace(&mut entry.expires_at, until);
+        self.leases.remove(&(old, *key));
+        self.leases.insert((until, *key));
+        true
+    }
+
     pub(super) fn owned_by(&mut self, key: &StoreKey, token: ClaimToken) -> Option<&mut Entry> {
         self.map
             .get_mut(key)
@@ -390,86 +385,4 @@ fn top<R: Ord + Copy>(
     rank_of: impl Fn(&ScopeUse) -> Option<R>,
 ) -> Option<(R, u64)> {
     ranking.top(|tag| scopes.get(&tag).and_then(&rank_of))
-}
-
-#[cfg(test)]
-impl Shard {
-    /// Recomputes every index and count from `map` and panics, naming what disagrees, when the
-    /// shard's bookkeeping does not match its records (test-only).
-    pub(super) fn check_invariants(&self, max_entries: usize, max_bytes: usize, context: &str) {
-        let mut leases = BTreeSet::new();
-        let mut bytes = 0;
-        let mut scopes: HashMap<u64, (usize, usize, BTreeSet<_>, BTreeSet<_>)> = HashMap::new();
-        for (key, entry) in &self.map {
-            let size = entry.state.size();
-            bytes += size;
-            let usage = scopes.entry(entry.scope).or_default();
-            usage.0 += 1;
-            usage.1 += size;
-            match entry.state {
-                State::InProgress { .. } => {
-                    leases.insert((entry.expires_at, *key));
-                }
-                State::Completed { .. } => {
-                    assert!(size > 0, "{context}: a stored response of no bytes");
-                    usage.2.insert((entry.expires_at, *key));
-                }
-                State::NotReplayable => {
-                    usage.3.insert((entry.expires_at, *key));
-                }
-            }
-        }
-        assert!(
-            self.leases == leases,
-            "{context}: `leases` disagrees with `map`"
-        );
-        assert_eq!(self.bytes, bytes, "{context}: `bytes` disagrees with `map`");
-        let mut tags: Vec<_> = self.scopes.keys().copied().collect();
-        let mut expected: Vec<_> = scopes.keys().copied().collect();
-        tags.sort_unstable();
-        expected.sort_unstable();
-        assert_eq!(
-            tags, expected,
-            "{context}: `scopes` holds other scopes than `map`"
-        );
-        for (tag, (entries, bytes, replayable, not_replayable)) in scopes {
-            let usage = &self.scopes[&tag];
-            assert!(
-                self.by_entries.holds(usage.entries_rank(), tag),
-                "{context}: scope {tag}'s rank by entries is missing"
-            );
-            assert!(
-                usage
-                    .bytes_rank()
-                    .is_none_or(|rank| self.by_bytes.holds(rank, tag)),
-                "{context}: scope {tag}'s rank by bytes is missing"
-            );
-            assert!(
-                usage
-                    .expiry_rank()
-                    .is_none_or(|rank| self.by_expiry.holds(rank, tag)),
-                "{context}: scope {tag}'s rank by expiry is missing"
-            );
-            assert_eq!(usage.entries, entries, "{context}: scope {tag} `entries`");
-            assert_eq!(usage.bytes, bytes, "{context}: scope {tag} `bytes`");
-            assert!(
-                usage.replayable == replayable,
-                "{context}: scope {tag} `replayable` disagrees with `map`"
-            );
-            assert!(
-                usage.not_replayable == not_replayable,
-                "{context}: scope {tag} `not_replayable` disagrees with `map`"
-            );
-        }
-        assert!(
-            self.map.len() <= max_entries,
-            "{context}: {} entries over the bound {max_entries}",
-            self.map.len()
-        );
-        assert!(
-            self.bytes <= max_bytes,
-            "{context}: {} bytes over the bound {max_bytes}",
-            self.bytes
-        );
-    }
 }
