@@ -23,7 +23,7 @@ pub(crate) use tower_once_core::time::MAX_DURATION;
 pub(crate) struct Config<F, P> {
     pub(crate) settings: Settings,
     /// Work finished on tasks of its own, shared by every service of one layer.
-    pub(crate) detached: crate::Detached,
+    pub(crate) detached: crate::detached::Detached,
     pub(crate) fingerprinter: F,
     pub(crate) predicate: P,
 }

@@ -94,7 +94,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
 
     /// The handlers (and streamed responses) this layer finishes on tasks of their own after
     /// their clients left: wait for them at shutdown. See [`Detached`](crate::Detached).
-    pub fn detached(&self) -> crate::Detached {
+    pub fn detached(&self) -> crate::detached::Detached {
         self.config.detached.clone()
     }
 

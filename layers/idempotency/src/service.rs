@@ -50,7 +50,7 @@ impl<S, St, Sc, F, P> Idempotency<S, St, Sc, F, P> {
     }
 
     /// The work this service finishes on tasks of its own: see [`Detached`](crate::Detached).
-    pub fn detached(&self) -> crate::Detached {
+    pub fn detached(&self) -> crate::detached::Detached {
         self.config.detached.clone()
     }
 

@@ -2,8 +2,8 @@
 //! with a write fenced by its token, and finishing that write on a task of its own (counted by
 //! the layer's [`Detached`]) when the request's future is dropped.
 
+use crate::detached::Detached;
 use crate::store::{Completion, IdempotencyStore, Lease, StoreError};
-use crate::Detached;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};

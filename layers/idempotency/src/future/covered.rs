@@ -54,7 +54,7 @@ where
         matches!(self.state, State::Run { .. } | State::ReadResponse { .. })
     }
 
-    fn background(&self) -> &crate::Detached {
+    fn background(&self) -> &crate::detached::Detached {
         &self.ctx.config.detached
     }
 }

@@ -1,7 +1,7 @@
 //! Finishing a covered request's work on a task of its own when the request is dropped while
 //! its handler runs (the client went away).
 
-use crate::Detached;
+use crate::detached::Detached;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};

@@ -2,8 +2,8 @@
 //! background, counted by the layer's [`Detached`], when no request waits for them any more.
 
 use super::claim::log_finish;
+use crate::detached::Detached;
 use crate::store::{ClaimOutcome, ClaimToken, IdempotencyStore, StoreError, StoreKey};
-use crate::Detached;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};

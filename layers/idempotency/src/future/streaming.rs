@@ -23,7 +23,7 @@ impl StreamingClaim {
     pub(super) fn new<St: IdempotencyStore>(
         claim: ClaimGuard<St>,
         retention: Duration,
-        detached: &crate::Detached,
+        detached: &crate::detached::Detached,
     ) -> Self {
         let lease = claim.disarm();
         let (end, ended) = tokio::sync::oneshot::channel();

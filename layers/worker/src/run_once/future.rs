@@ -2,7 +2,8 @@
 //! release.
 
 use super::error::{Repr, RunOnceError};
-use super::RunOnceOutcome;
+use super::identity::entry_fingerprint;
+use super::outcome::RunOnceOutcome;
 use crate::job::Job;
 use bytes::Bytes;
 use pin_project_lite::pin_project;
@@ -162,9 +163,9 @@ where
     match claimed {
         Ok(ClaimOutcome::Claimed) => {}
         Ok(ClaimOutcome::Existing(record)) => {
-            let same_entry = inner.as_ref().is_some_and(|(_, job)| {
-                record.fingerprint == super::entry_fingerprint(job.stream_id())
-            });
+            let same_entry = inner
+                .as_ref()
+                .is_some_and(|(_, job)| record.fingerprint == entry_fingerprint(job.stream_id()));
             return Err(match record.state {
                 // This very entry is running elsewhere (taken over while alive): leave it.
                 RecordState::InProgress { .. } if same_entry => Err(RunOnceError(Repr::InProgress)),

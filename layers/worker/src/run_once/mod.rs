@@ -24,32 +24,26 @@
 
 mod error;
 mod future;
+mod identity;
+mod outcome;
 
 pub use self::error::RunOnceError;
 pub use self::future::ResponseFuture;
+pub use self::identity::job_store_key;
+pub use self::outcome::RunOnceOutcome;
 
-use crate::job::{Job, JobId};
-use sha2::{Digest, Sha256};
+use self::identity::entry_fingerprint;
+use crate::job::Job;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
-use tower_once_idempotency::fingerprint::Fingerprint;
-use tower_once_idempotency::store::{ClaimToken, IdempotencyStore, StoreKey};
+use tower_once_idempotency::store::{ClaimToken, IdempotencyStore};
 use tower_service::Service;
 
 /// Default lease of a run-once claim.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default retention of a "done" record.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-/// The store key of a job id: SHA-256 over a fixed prefix and the id, so job records never
-/// collide with the HTTP idempotency records in the same store.
-pub fn job_store_key(job_id: &JobId) -> StoreKey {
-    let mut hasher = Sha256::new();
-    hasher.update(b"tower-once/job/v1\0");
-    hasher.update(job_id.as_str().as_bytes());
-    StoreKey::from_bytes(hasher.finalize().into())
-}
 
 /// Wraps a handler so each job id's effect runs once. See the [module docs](self).
 ///
@@ -196,46 +190,5 @@ where
             claim,
             (inner, job),
         )
-    }
-}
-
-/// The fingerprint of a stream entry: which entry holds a job id's claim.
-pub(super) fn entry_fingerprint(stream_id: &str) -> Fingerprint {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    hasher.update(b"tower-once/worker/entry/v1");
-    hasher.update(stream_id.as_bytes());
-    Fingerprint::from_bytes(hasher.finalize().into())
-}
-
-/// How a job went through [`RunOnce`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOnceOutcome<R> {
-    /// The handler ran (this delivery) and returned this.
-    Done(R),
-    /// The job id's effect was already done; the handler did not run.
-    Duplicate,
-}
-
-impl<R> RunOnceOutcome<R> {
-    /// Whether the handler was skipped as a duplicate.
-    pub fn is_duplicate(&self) -> bool {
-        matches!(self, Self::Duplicate)
-    }
-
-    /// The handler's response, if it ran.
-    pub fn into_response(self) -> Option<R> {
-        match self {
-            Self::Done(r) => Some(r),
-            Self::Duplicate => None,
-        }
-    }
-
-    /// A stable name for logs: `done` or `duplicate`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Done(_) => "done",
-            Self::Duplicate => "duplicate",
-        }
     }
 }
