@@ -181,8 +181,10 @@ where
             fingerprint: Fingerprint::from_bytes([0; 32]),
             claim: None,
         };
+        // NOTE: and close the connection: a client that sends the body anyway (curl does after
+        // a second) must never have it read as a request of its own.
         let state = if refuse_now {
-            ctx.reject(&span, ProblemKind::BodyTooLarge, false)
+            ctx.reject(&span, ProblemKind::BodyTooLarge, true)
         } else {
             State::ReadRequest {
                 read: RequestRead::new(parts, body, over),
