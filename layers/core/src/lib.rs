@@ -1,7 +1,7 @@
 //! Pieces shared by tower-once's layers: a request/response body that may be held in memory,
 //! a bounded, copy-avoiding chunk collector, how gRPC traffic is recognised and its status
 //! codes, the [`Carrier`](carrier::Carrier) that takes an operation's context along with a
-//! request, the outage backoff and the refill rule of the loops, and clock arithmetic that
+//! request, the outage backoff and the refill rule of the loops, checked SQL table names, and clock arithmetic that
 //! never panics.
 //!
 //! Users meet these through the layers: [`body::BufferedBody`] as
@@ -21,6 +21,7 @@ pub mod carrier;
 pub mod chain;
 pub mod outage;
 pub mod slots;
+pub mod table;
 pub mod time;
 
 /// Panics with the one message every tower-once future gives when it is polled again after it

@@ -3,181 +3,33 @@
 
 use crate::error::OutboxError;
 use sqlx::PgPool;
+use tower_once_core::table::TableName;
 
 /// The shipped migration, for the default table name.
 pub(crate) const MIGRATION: &str = include_str!("../migrations/0001_outbox.sql");
 
-/// A validated table name: `table` or `schema.table`, each part lowercase ASCII letters,
-/// digits and `_`, not starting with a digit, at most 48 bytes (so the derived index,
-/// function and trigger names fit Postgres's 63).
+/// The outbox's table name, checked by [`TableName`]; `outbox` by default.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Table {
-    /// `schema.` or empty.
-    schema: String,
-    name: String,
-}
+pub(crate) struct Table(TableName);
 
 impl Table {
     pub(crate) fn parse(full: &str) -> Result<Self, OutboxError> {
-        let (schema, name) = match full.split_once('.') {
-            Some((schema, name)) => (schema, name),
-            None => ("", full),
-        };
-        if full.contains('.') {
-            check_ident(schema)?;
-        }
-        check_ident(name)?;
-        Ok(Self {
-            schema: if schema.is_empty() {
-                String::new()
-            } else {
-                format!("{schema}.")
-            },
-            name: name.to_owned(),
-        })
+        TableName::parse(full)
+            .map(Self)
+            .map_err(|e| OutboxError::config(e.as_str()))
     }
 
     /// The name as written in queries.
     fn qualified(&self) -> String {
-        format!("{}{}", self.schema, self.name)
+        self.0.qualified()
     }
 }
 
 impl Default for Table {
     fn default() -> Self {
-        Self {
-            schema: String::new(),
-            name: "outbox".to_owned(),
-        }
+        Self(TableName::parse("outbox").unwrap_or_else(|_| unreachable!("a valid name")))
     }
 }
-
-fn check_ident(part: &str) -> Result<(), OutboxError> {
-    let mut bytes = part.bytes();
-    let first_ok = bytes
-        .next()
-        .is_some_and(|b| b.is_ascii_lowercase() || b == b'_');
-    let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if RESERVED.contains(&part) {
-        return Err(OutboxError::config(
-            "table name: a word Postgres reserves (user, order, table, ...) cannot be a name here",
-        ));
-    }
-    if first_ok && rest_ok && part.len() <= 48 {
-        Ok(())
-    } else {
-        Err(OutboxError::config(
-            "table name: `table` or `schema.table`, lowercase letters, digits and `_`, at most 48 bytes each",
-        ))
-    }
-}
-
-/// PostgreSQL's reserved key words (and those reserved except as function or type names):
-/// unquoted, none of them can name a table or schema. Names are written into SQL unquoted,
-/// so these are refused up front rather than failing in `migrate`.
-const RESERVED: &[&str] = &[
-    "all",
-    "analyse",
-    "analyze",
-    "and",
-    "any",
-    "array",
-    "as",
-    "asc",
-    "asymmetric",
-    "authorization",
-    "binary",
-    "both",
-    "case",
-    "cast",
-    "check",
-    "collate",
-    "collation",
-    "column",
-    "concurrently",
-    "constraint",
-    "create",
-    "cross",
-    "current_catalog",
-    "current_date",
-    "current_role",
-    "current_schema",
-    "current_time",
-    "current_timestamp",
-    "current_user",
-    "default",
-    "deferrable",
-    "desc",
-    "distinct",
-    "do",
-    "else",
-    "end",
-    "except",
-    "false",
-    "fetch",
-    "for",
-    "foreign",
-    "freeze",
-    "from",
-    "full",
-    "grant",
-    "group",
-    "having",
-    "ilike",
-    "in",
-    "initially",
-    "inner",
-    "intersect",
-    "into",
-    "is",
-    "isnull",
-    "join",
-    "lateral",
-    "leading",
-    "left",
-    "like",
-    "limit",
-    "localtime",
-    "localtimestamp",
-    "natural",
-    "not",
-    "notnull",
-    "null",
-    "offset",
-    "on",
-    "only",
-    "or",
-    "order",
-    "outer",
-    "overlaps",
-    "placing",
-    "primary",
-    "references",
-    "returning",
-    "right",
-    "select",
-    "session_user",
-    "similar",
-    "some",
-    "symmetric",
-    "system_user",
-    "table",
-    "tablesample",
-    "then",
-    "to",
-    "trailing",
-    "true",
-    "union",
-    "unique",
-    "user",
-    "using",
-    "variadic",
-    "verbose",
-    "when",
-    "where",
-    "window",
-    "with",
-];
 
 /// Every statement the outbox runs, rendered for one table.
 #[derive(Debug)]
@@ -285,8 +137,8 @@ fn render_migration(table: &Table) -> String {
     if *table == Table::default() {
         return MIGRATION.to_owned();
     }
-    let name = &table.name;
-    let schema = &table.schema;
+    let name = table.0.name();
+    let schema = &table.0.schema_prefix();
     // Every occurrence of the identifier `outbox` in the file is a table-derived name; the
     // comment lines are dropped so that this replacement never meets prose.
     MIGRATION
