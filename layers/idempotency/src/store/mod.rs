@@ -19,7 +19,7 @@
 //! # The contract
 //!
 //! Every implementation must keep these rules; [`conformance`] (feature `conformance`) checks
-//! them against a live store, and [`MemoryStore`] and the Redis store both pass it.
+//! them against a live store, and [`MemoryStore`], the Redis store and the Postgres store pass it.
 //!
 //! 1. **claim is atomic.** Of any number of concurrent claims of one absent key, exactly one
 //!    returns [`ClaimOutcome::Claimed`]; every other returns [`ClaimOutcome::Existing`] with the
@@ -64,6 +64,10 @@ pub mod conformance;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+
 pub use self::error::StoreError;
 pub use self::key::{ClaimToken, StoreKey};
 pub use self::lease::Lease;
@@ -72,7 +76,12 @@ pub use self::record::{ClaimOutcome, Completion, ExistingRecord, RecordState, St
 
 use crate::fingerprint::Fingerprint;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
+
+/// A boxed store future, for stores whose client hands out boxed futures anyway (the Redis and
+/// Postgres stores): boxing once more would cost nothing.
+pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 /// A store of idempotency records. See the [module docs](self) for the contract.
 ///

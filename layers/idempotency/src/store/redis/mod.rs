@@ -73,7 +73,7 @@ pub use redis::aio::ConnectionManager;
 pub use redis::cluster_async::ClusterConnection;
 
 /// A boxed store future: the `redis` client's own futures are boxed, so nothing is lost.
-pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+pub use super::StoreFuture;
 
 /// An [`IdempotencyStore`] on Redis or Redis Cluster. See the [module docs](self).
 ///

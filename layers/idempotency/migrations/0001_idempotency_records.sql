@@ -1,0 +1,59 @@
+-- tower-once: the idempotency records of PostgresStore, one row per key.
+-- PostgresStore::migrate runs this under an advisory lock; to run it with your own migrations,
+-- take PostgresStore::migration(), which has your table's name in place of idempotency_records.
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    key            bytea       PRIMARY KEY CHECK (length(key) = 32),
+    token          uuid        NOT NULL,
+    state          text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'not_replayable')),
+    fingerprint    bytea       NOT NULL CHECK (length(fingerprint) = 32),
+    expires_at     timestamptz NOT NULL,
+    status         int2,
+    header_names   text[],
+    header_values  bytea[],
+    body           bytea,
+    trailer_names  text[],
+    trailer_values bytea[],
+    claimed_at     timestamptz NOT NULL,
+    completed_at   timestamptz
+);
+CREATE INDEX IF NOT EXISTS idempotency_records_expires ON idempotency_records (expires_at);
+CREATE OR REPLACE FUNCTION idempotency_records_claim(
+    p_key bytea, p_token uuid, p_fingerprint bytea, p_lease_ms int8)
+RETURNS TABLE (claimed boolean, state text, fingerprint bytea, lease_ms int8, status int2,
+    header_names text[], header_values bytea[], body bytea,
+    trailer_names text[], trailer_values bytea[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+BEGIN
+    FOR attempt IN 1..16 LOOP
+        v_now := clock_timestamp();
+        INSERT INTO idempotency_records AS r (key, token, state, fingerprint, expires_at, claimed_at)
+        VALUES (p_key, p_token, 'in_progress', p_fingerprint,
+            v_now + p_lease_ms * interval '1 millisecond', v_now)
+        ON CONFLICT (key) DO UPDATE SET token = excluded.token, state = 'in_progress',
+            fingerprint = excluded.fingerprint, expires_at = excluded.expires_at, status = NULL,
+            header_names = NULL, header_values = NULL, body = NULL, trailer_names = NULL,
+            trailer_values = NULL, claimed_at = v_now, completed_at = NULL
+        WHERE r.expires_at <= v_now;
+        IF FOUND THEN
+            DELETE FROM idempotency_records AS d WHERE d.key IN (
+                SELECT e.key FROM idempotency_records AS e WHERE e.expires_at <= v_now
+                ORDER BY e.expires_at LIMIT 2 FOR UPDATE SKIP LOCKED)
+            AND d.expires_at <= v_now;
+            RETURN QUERY SELECT true, NULL::text, NULL::bytea, NULL::int8, NULL::int2,
+                NULL::text[], NULL::bytea[], NULL::bytea, NULL::text[], NULL::bytea[];
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT false, r.state, r.fingerprint,
+            greatest(0, ceil(extract(epoch FROM r.expires_at - v_now) * 1000))::int8,
+            r.status, r.header_names, r.header_values, r.body, r.trailer_names, r.trailer_values
+        FROM idempotency_records AS r WHERE r.key = p_key AND r.expires_at > v_now;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'idempotency claim: the record changed under each of sixteen tries';
+END
+$$;

@@ -1,0 +1,344 @@
+//! The Postgres store (feature `postgres`): records in one table of your database, so that a
+//! handler whose effects are in the same database can commit its record with them, in its own
+//! transaction (see [`Claim`](crate::Claim)).
+//!
+//! ```no_run
+//! use tower_once_idempotency::store::postgres::PostgresStore;
+//! use tower_once_idempotency::IdempotencyLayer;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PostgresStore::connect("postgres://127.0.0.1/app").await?;
+//! store.migrate().await?; // or run `store.migration()` with your own migrations
+//! let layer = IdempotencyLayer::with_store(store);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How records are kept
+//!
+//! One row per key in the table `idempotency_records` (another name with
+//! [`table`](PostgresStore::table)): the 32-byte store key as the primary key, the claim's
+//! token, the state (`in_progress`, `completed`, `not_replayable`), the fingerprint, the
+//! expiry (`expires_at`: the lease's end while in progress, the retention's once completed)
+//! and, once completed, the status, the headers and trailers as parallel arrays of names and
+//! values, and the body. The schema is shipped as SQL ([`migration`](PostgresStore::migration));
+//! [`migrate`](PostgresStore::migrate) runs it under an advisory lock.
+//!
+//! Each operation is one statement, so one round trip: the claim calls the table's
+//! `{table}_claim` function (claim the key if it is absent or expired, otherwise return the
+//! record, looping if the row changes between the two), and `complete`, `release` and
+//! `extend` are single statements fenced by the token, the state and the lease. Time is the
+//! database's clock (`clock_timestamp()`), so every replica agrees on when a lease ends. A
+//! request through the layer therefore costs: fresh 2 round trips (claim, complete), or 1 plus
+//! the handler's own transaction when the handler completes its claim in it; replay 1,
+//! conflict 1, mismatch 1.
+//!
+//! Expired rows count as absent at once and are deleted by later claims: each fresh claim
+//! deletes up to two expired rows (through the `expires_at` index, skipping rows others hold),
+//! so they cannot pile up while keys keep arriving, and no statement on the request path scans
+//! the table. [`purge_expired`](PostgresStore::purge_expired) deletes a batch on demand.
+//!
+//! Each statement is bounded by a timeout (default 1 s), waiting for a pooled connection
+//! included. A statement that times out or fails (Postgres down or restarting, a backend
+//! killed, the table dropped, the pool exhausted) turns into a [`StoreError`] that names the
+//! cause, and the layer answers `503` without running the handler; the pool replaces broken
+//! connections on its own, so requests succeed again once Postgres is back.
+//!
+//! # Durability
+//!
+//! A record is as durable as any committed row: with Postgres's defaults (`fsync`,
+//! `synchronous_commit = on`) a claim or completion that was answered survives a crash of the
+//! database. An asynchronous replica promoted after a failover may lack the last commits, as
+//! for any data of yours.
+
+mod error;
+mod row;
+mod schema;
+
+pub(crate) use self::error::from_sqlx;
+pub use self::schema::DEFAULT_TABLE;
+
+use self::row::{decode_claim, header_columns};
+use self::schema::Queries;
+use super::{
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreFuture, StoreKey,
+};
+use crate::fingerprint::Fingerprint;
+use sqlx::postgres::{PgArguments, PgPoolOptions};
+use sqlx::{PgConnection, PgPool, Postgres};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+pub use tower_once_core::table::{TableName, TableNameError};
+
+/// The `sqlx` this store is built on, to make pools and transactions of the matching version.
+pub use ::sqlx;
+
+/// An [`IdempotencyStore`] on a Postgres table. See the [module docs](self).
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    table: TableName,
+    queries: Queries,
+    timeout: Duration,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.shared.queries.table)
+            .field("timeout", &self.shared.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// A store on `pool`, in the table `idempotency_records`, with a 1 s statement timeout.
+    pub fn new(pool: PgPool) -> Self {
+        let table = default_table();
+        Self {
+            pool,
+            shared: Arc::new(Shared {
+                queries: Queries::new(&table),
+                table,
+                timeout: Duration::from_secs(1),
+            }),
+        }
+    }
+
+    /// A store on a pool of up to 10 connections to `url`, e.g. `postgres://127.0.0.1/app`.
+    ///
+    /// Connections are made when first needed and remade after a failure, so this succeeds
+    /// while Postgres is still down (requests get `503` until it is up). Fails only on a
+    /// malformed URL.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let timeout = Duration::from_secs(1);
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(timeout)
+            .connect_lazy(url)
+            .map_err(from_sqlx)?;
+        Ok(Self::new(pool))
+    }
+
+    /// Keeps the records in `name` (`table` or `schema.table`: lowercase ASCII letters,
+    /// digits and `_`, not a reserved word). [`migrate`](Self::migrate) creates the table and
+    /// its function, not the schema.
+    pub fn table(self, name: &str) -> Result<Self, TableNameError> {
+        let table = TableName::parse(name)?;
+        Ok(self.map_shared(|shared| {
+            shared.queries = Queries::new(&table);
+            shared.table = table;
+        }))
+    }
+
+    /// The longest a single statement may take, waiting for a connection included, before it
+    /// fails with [`StoreError::timeout`]. Default 1 s.
+    ///
+    /// # Panics
+    ///
+    /// If `timeout` is zero.
+    pub fn command_timeout(self, timeout: Duration) -> Self {
+        assert!(
+            !timeout.is_zero(),
+            "PostgresStore::command_timeout must not be zero"
+        );
+        self.map_shared(|shared| shared.timeout = timeout)
+    }
+
+    /// The SQL [`migrate`](Self::migrate) runs, for this store's table name: for your own
+    /// migration tool.
+    pub fn migration(&self) -> &str {
+        &self.shared.queries.migrate
+    }
+
+    /// Creates the table, its index and its claim function if missing. Safe to run from many
+    /// processes at once (an advisory lock orders them) and on every start.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        schema::migrate(&self.pool, &self.shared.queries).await
+    }
+
+    /// Deletes up to `limit` expired records; returns how many. Claims already delete expired
+    /// rows as they go, so this is only needed to shrink the table after a busy period.
+    pub async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.shared.queries.purge)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    /// The table's name, as written in statements.
+    pub fn table_name(&self) -> &str {
+        &self.shared.queries.table
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Completes the claim of `key` by `token` on `connection`, inside whatever transaction it
+    /// is in: fenced like [`complete`](IdempotencyStore::complete), so `Ok(false)` when the
+    /// claim is no longer ours. The row stays locked until that transaction ends.
+    pub(crate) async fn complete_on(
+        &self,
+        connection: &mut PgConnection,
+        key: StoreKey,
+        token: ClaimToken,
+        completion: &Completion,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let statement = completion_statement(&self.shared, key, token, completion, retention);
+        let done = statement.execute(connection).await.map_err(from_sqlx)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    fn map_shared(mut self, f: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Shared {
+            table: self.shared.table.clone(),
+            queries: Queries::new(&self.shared.table),
+            timeout: self.shared.timeout,
+        };
+        f(&mut shared);
+        self.shared = Arc::new(shared);
+        self
+    }
+
+    /// Runs `work` bounded by the statement timeout.
+    fn bounded<T, Fut>(&self, work: impl FnOnce(PgPool, Arc<Shared>) -> Fut) -> StoreFuture<T>
+    where
+        Fut: Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let timeout = self.shared.timeout;
+        let work = work(self.pool.clone(), Arc::clone(&self.shared));
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, work).await {
+                Ok(result) => result.map_err(from_sqlx),
+                Err(_) => Err(StoreError::timeout()),
+            }
+        })
+    }
+}
+
+fn default_table() -> TableName {
+    TableName::parse(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("the default name is valid"))
+}
+
+/// The fenced completion statement, with its arguments bound.
+fn completion_statement<'q>(
+    shared: &'q Shared,
+    key: StoreKey,
+    token: ClaimToken,
+    completion: &'q Completion,
+    retention: Duration,
+) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+    let query = sqlx::query(&shared.queries.complete)
+        .bind(key.as_bytes().to_vec())
+        .bind(*token.as_uuid());
+    match completion {
+        Completion::Response(response) => {
+            let (names, values) = header_columns(&response.headers);
+            let (trailer_names, trailer_values) = match &response.trailers {
+                Some(trailers) => {
+                    let (names, values) = header_columns(trailers);
+                    (Some(names), Some(values))
+                }
+                None => (None, None),
+            };
+            query
+                .bind("completed")
+                .bind(millis(retention))
+                .bind(i16::try_from(response.status.as_u16()).unwrap_or(i16::MAX))
+                .bind(names)
+                .bind(values)
+                .bind(response.body.as_ref())
+                .bind(trailer_names)
+                .bind(trailer_values)
+        }
+        Completion::NotReplayable => query
+            .bind("not_replayable")
+            .bind(millis(retention))
+            .bind(None::<i16>)
+            .bind(None::<Vec<&str>>)
+            .bind(None::<Vec<&[u8]>>)
+            .bind(None::<&[u8]>)
+            .bind(None::<Vec<&str>>)
+            .bind(None::<Vec<&[u8]>>),
+    }
+}
+
+impl IdempotencyStore for PostgresStore {
+    type ClaimFuture = StoreFuture<ClaimOutcome>;
+    type CompleteFuture = StoreFuture<bool>;
+    type ReleaseFuture = StoreFuture<bool>;
+    type ExtendFuture = StoreFuture<bool>;
+
+    fn claim(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Self::ClaimFuture {
+        self.bounded(move |pool, shared| async move {
+            let row = sqlx::query(&shared.queries.claim)
+                .bind(key.as_bytes().as_slice())
+                .bind(*token.as_uuid())
+                .bind(fingerprint.as_bytes().as_slice())
+                .bind(millis(lease))
+                .fetch_one(&pool)
+                .await?;
+            decode_claim(&row).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+        })
+    }
+
+    fn complete(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        completion: Completion,
+        retention: Duration,
+    ) -> Self::CompleteFuture {
+        self.bounded(move |pool, shared| async move {
+            let statement = completion_statement(&shared, key, token, &completion, retention);
+            Ok(statement.execute(&pool).await?.rows_affected() == 1)
+        })
+    }
+
+    fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
+        self.bounded(move |pool, shared| async move {
+            let done = sqlx::query(&shared.queries.release)
+                .bind(key.as_bytes().as_slice())
+                .bind(*token.as_uuid())
+                .execute(&pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
+        self.bounded(move |pool, shared| async move {
+            sqlx::query_scalar::<_, bool>(&shared.queries.extend)
+                .bind(key.as_bytes().as_slice())
+                .bind(*token.as_uuid())
+                .bind(millis(lease))
+                .fetch_one(&pool)
+                .await
+        })
+    }
+}
+
+/// Milliseconds, at least 1 and at most about 100 years (the layer's longest duration).
+fn millis(duration: Duration) -> i64 {
+    let capped = duration.min(crate::config::MAX_DURATION);
+    i64::try_from(capped.as_millis()).unwrap_or(i64::MAX).max(1)
+}

@@ -1,0 +1,133 @@
+//! The table: its schema (shipped as `migrations/0001_idempotency_records.sql`) and every
+//! statement the store runs, rendered once from the table's name.
+
+use super::error::from_sqlx;
+use crate::store::StoreError;
+use sqlx::PgPool;
+use tower_once_core::table::TableName;
+
+/// The shipped migration, for the default table name.
+pub(super) const MIGRATION: &str = include_str!("../../../migrations/0001_idempotency_records.sql");
+
+/// The default table name.
+pub const DEFAULT_TABLE: &str = "idempotency_records";
+
+/// The fence of every write by a claim's owner: the record is in progress under this token
+/// and its lease has not run out (an expired record counts as absent, even before it is
+/// purged).
+const FENCE: &str =
+    "key = $1 AND token = $2 AND state = 'in_progress' AND expires_at > clock_timestamp()";
+
+/// Every statement the store runs, rendered for one table.
+#[derive(Debug)]
+pub(super) struct Queries {
+    pub(super) table: String,
+    pub(super) migrate: String,
+    pub(super) claim: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) extend: String,
+    pub(super) purge: String,
+}
+
+impl Queries {
+    pub(super) fn new(table: &TableName) -> Self {
+        let t = table.qualified();
+        let columns =
+            "state = $3, expires_at = clock_timestamp() + $4 * interval '1 millisecond', \
+                       status = $5, header_names = $6, header_values = $7, body = $8, \
+                       trailer_names = $9, trailer_values = $10, completed_at = clock_timestamp()";
+        Self {
+            migrate: render_migration(table),
+            claim: format!(
+                "SELECT claimed, state, fingerprint, lease_ms, status, header_names, header_values, \
+                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4)",
+                table.schema_prefix(),
+                table.name()
+            ),
+            complete: format!("UPDATE {t} SET {columns} WHERE {FENCE}"),
+            release: format!("DELETE FROM {t} WHERE {FENCE}"),
+            // NOTE: a row locked by another transaction is the owner's own handler completing
+            // it in its transaction (nothing else writes a live claim): waiting for that lock
+            // would hold a connection until the handler commits, so the renewal skips it and
+            // answers "still ours" from the row as last committed.
+            extend: format!(
+                "WITH mine AS (SELECT key FROM {t} WHERE {FENCE}), \
+                 free AS (SELECT key FROM {t} WHERE {FENCE} FOR UPDATE SKIP LOCKED), \
+                 renewed AS (UPDATE {t} AS r \
+                   SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
+                   FROM free WHERE r.key = free.key RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM renewed) \
+                   OR (EXISTS (SELECT 1 FROM mine) AND NOT EXISTS (SELECT 1 FROM free))"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE key IN ( \
+                   SELECT key FROM {t} WHERE expires_at <= clock_timestamp() \
+                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                 AND expires_at <= clock_timestamp()"
+            ),
+            table: t,
+        }
+    }
+}
+
+/// The shipped migration with the table's name in place of `idempotency_records`.
+fn render_migration(table: &TableName) -> String {
+    if table.qualified() == DEFAULT_TABLE {
+        return MIGRATION.to_owned();
+    }
+    let qualified = table.qualified();
+    let prefix = table.schema_prefix();
+    let name = table.name();
+    // Index names are never schema-qualified in their own CREATE; the function's is.
+    MIGRATION
+        .replace(
+            "INDEX IF NOT EXISTS idempotency_records_expires",
+            &format!("INDEX IF NOT EXISTS \u{0}{name}_expires"),
+        )
+        .replace(
+            "idempotency_records_claim",
+            &format!("{prefix}{name}_claim"),
+        )
+        .replace("idempotency_records", &qualified)
+        .replace('\u{0}', "")
+}
+
+/// Creates the table, its index and its claim function if missing, one migration at a time.
+///
+/// One simple-protocol query: Postgres runs its statements as one implicit transaction, so the
+/// transaction-scoped advisory lock taken first keeps concurrent starts from racing.
+pub(super) async fn migrate(pool: &PgPool, queries: &Queries) -> Result<(), StoreError> {
+    // Any fixed number; the outbox's migration takes another.
+    let sql = format!(
+        "SET LOCAL client_min_messages = warning;\nSELECT pg_advisory_xact_lock(7208364147126150912);\n{}",
+        queries.migrate
+    );
+    sqlx::raw_sql(&sql).execute(pool).await.map_err(from_sqlx)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_table_runs_the_shipped_file() {
+        let table = TableName::parse(DEFAULT_TABLE).unwrap();
+        assert_eq!(Queries::new(&table).migrate, MIGRATION);
+    }
+
+    #[test]
+    fn another_table_renames_every_object() {
+        let table = TableName::parse("app.idem").unwrap();
+        let sql = Queries::new(&table).migrate;
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.idem ("));
+        assert!(sql.contains("CREATE INDEX IF NOT EXISTS idem_expires ON app.idem (expires_at)"));
+        assert!(sql.contains("FUNCTION app.idem_claim("));
+        assert!(sql.contains("INSERT INTO app.idem AS r"));
+        assert!(!sql.contains("idempotency_records"), "{sql}");
+        assert!(Queries::new(&table)
+            .claim
+            .contains("FROM app.idem_claim($1"));
+    }
+}

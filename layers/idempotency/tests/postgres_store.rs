@@ -1,0 +1,256 @@
+//! `PostgresStore` against the machine's Postgres, each test in a schema of its own (README
+//! "Choosing a store": one statement per operation; a fresh request costs 2 round trips, a
+//! replay 1; records are fenced by the token and the database's clock; while Postgres is
+//! unreachable the layer answers `503` without running handlers and recovers on its own).
+#![cfg(all(feature = "postgres", feature = "conformance"))]
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use sqlx::postgres::PgPoolOptions;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{Layer, ServiceExt};
+use tower_once_idempotency::fingerprint::Fingerprint;
+use tower_once_idempotency::store::conformance::{RealClock, Suite};
+use tower_once_idempotency::store::postgres::PostgresStore;
+use tower_once_idempotency::store::{ClaimOutcome, ClaimToken, IdempotencyStore, StoreKey};
+use tower_once_idempotency::{IdempotencyLayer, RequestBody};
+use tower_once_test_support::postgres::{database_url, Schema};
+
+/// Leases short enough for a real clock, long enough for a loaded 2-core machine.
+const LEASE: Duration = Duration::from_millis(400);
+
+async fn store_in(schema: &Schema) -> PostgresStore {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .table(&format!("{}.idem", schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+type Handler = tower::util::BoxCloneSyncService<
+    Request<RequestBody<Full<Bytes>>>,
+    Response<Full<Bytes>>,
+    Infallible,
+>;
+
+fn counting_handler(delay: Duration) -> (Handler, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+        let n = counter.fetch_add(1, SeqCst) + 1;
+        async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(StatusCode::CREATED)
+                    .header("x-run", n.to_string())
+                    .body(Full::new(Bytes::from(format!("charge {n}"))))
+                    .unwrap(),
+            )
+        }
+    });
+    (tower::util::BoxCloneSyncService::new(handler), runs)
+}
+
+fn keyed(key: &str, body: &'static str) -> Request<Full<Bytes>> {
+    Request::post("/charges")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn postgres_store_keeps_the_contract() {
+    let schema = Schema::create();
+    let store = store_in(&schema).await;
+    Suite::new(store, RealClock)
+        .durations(LEASE, LEASE)
+        .run()
+        .await;
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_run_once_and_replay_the_stored_response() {
+    let schema = Schema::create();
+    let store = store_in(&schema).await;
+    let (handler, runs) = counting_handler(Duration::from_millis(100));
+    let svc = IdempotencyLayer::with_store(store).layer(handler);
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(keyed("k-1", "{\"amount\":5}")).await.unwrap() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap().status());
+    }
+    assert_eq!(runs.load(SeqCst), 1, "one handler run for 32 duplicates");
+    assert!(statuses
+        .iter()
+        .all(|s| *s == StatusCode::CREATED || *s == StatusCode::CONFLICT));
+
+    let replay = svc
+        .clone()
+        .oneshot(keyed("k-1", "{\"amount\":5}"))
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["x-run"], "1");
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let body = replay.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "charge 1");
+
+    let reuse = svc.oneshot(keyed("k-1", "{\"amount\":6}")).await.unwrap();
+    assert_eq!(reuse.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn bad_table_names_are_refused_before_any_sql() {
+    let pool = PgPoolOptions::new().connect_lazy(&database_url()).unwrap();
+    for bad in ["", "Idem", "user", "a.b.c", "x; DROP TABLE y", "1x"] {
+        let error = PostgresStore::new(pool.clone()).table(bad).unwrap_err();
+        assert!(
+            error.to_string().starts_with("table name:"),
+            "{bad:?}: {error}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_table_fails_closed_with_its_cause_and_recovers_after_migrate() {
+    let schema = Schema::create();
+    let store = store_in(&schema).await;
+    let (handler, runs) = counting_handler(Duration::ZERO);
+    let svc = IdempotencyLayer::with_store(store.clone()).layer(handler);
+    sqlx::query(&format!("DROP TABLE {}", store.table_name()))
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let error = store
+        .claim(
+            StoreKey::from_bytes([7; 32]),
+            ClaimToken::new(),
+            Fingerprint::from_bytes([0; 32]),
+            LEASE,
+        )
+        .await
+        .unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
+    assert!(error.to_string().contains("does not exist"), "{error}");
+    let refused = svc.clone().oneshot(keyed("k-2", "{}")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(runs.load(SeqCst), 0, "no handler run without a claim");
+
+    store.migrate().await.unwrap();
+    let served = svc.oneshot(keyed("k-2", "{}")).await.unwrap();
+    assert_eq!(served.status(), StatusCode::CREATED);
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_killed_backend_and_a_full_pool_answer_503_then_recover() {
+    let schema = Schema::create();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(200))
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .table(&format!("{}.idem", schema.name))
+        .unwrap()
+        .command_timeout(Duration::from_millis(300));
+    store.migrate().await.unwrap();
+    let (handler, runs) = counting_handler(Duration::ZERO);
+    let svc = IdempotencyLayer::with_store(store.clone()).layer(handler);
+
+    // A full pool: the one connection is held elsewhere.
+    let held = store.pool().acquire().await.unwrap();
+    let refused = svc.clone().oneshot(keyed("k-3", "{}")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(held);
+
+    // A killed backend: the pooled connection is terminated from another session.
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ''",
+    )
+    .execute(&admin)
+    .await
+    .unwrap();
+    // The first request may meet the dead connection (503); the pool then replaces it.
+    let mut served = None;
+    for _ in 0..5 {
+        let response = svc.clone().oneshot(keyed("k-3", "{}")).await.unwrap();
+        if response.status() == StatusCode::CREATED {
+            served = Some(response);
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert!(served.is_some(), "recovered without a restart");
+    assert_eq!(runs.load(SeqCst), 1);
+    let replay = svc.oneshot(keyed("k-3", "{}")).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+#[tokio::test]
+async fn expired_records_count_as_absent_and_fresh_claims_purge_them() {
+    let schema = Schema::create();
+    let store = store_in(&schema).await;
+    let fp = Fingerprint::from_bytes([1; 32]);
+    for i in 0..10u8 {
+        let key = StoreKey::from_bytes([i; 32]);
+        let outcome = store
+            .claim(key, ClaimToken::new(), fp, Duration::from_millis(1))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, ClaimOutcome::Claimed));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let count = |store: PostgresStore, filter: &'static str| async move {
+        let sql = format!("SELECT count(*) FROM {} {filter}", store.table_name());
+        sqlx::query_scalar::<_, i64>(&sql)
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    };
+    // The first claims already purged some of the ones before them (1 ms leases).
+    let expired = count(store.clone(), "WHERE expires_at <= clock_timestamp()").await;
+    assert!(expired > 0);
+    // Each fresh claim deletes up to two expired rows.
+    for i in 100..103u8 {
+        let key = StoreKey::from_bytes([i; 32]);
+        store
+            .claim(key, ClaimToken::new(), fp, LEASE)
+            .await
+            .unwrap();
+    }
+    let left = (expired - 6).max(0);
+    assert_eq!(count(store.clone(), "").await, left + 3);
+    assert_eq!(store.purge_expired(100).await.unwrap(), left as u64);
+    assert_eq!(count(store.clone(), "").await, 3);
+    // An expired key is claimable again.
+    let again = store
+        .claim(StoreKey::from_bytes([0; 32]), ClaimToken::new(), fp, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(again, ClaimOutcome::Claimed));
+}
