@@ -21,7 +21,8 @@ pub(crate) use tower_once_core::time::MAX_DURATION;
 /// of one service. The scope is not here: only the service reads it.
 #[derive(Clone)]
 pub(crate) struct Config<F, P> {
-    pub(crate) settings: Settings,
+    // Shared with the `Claim` handed to handlers, which stores responses by the same rules.
+    pub(crate) settings: std::sync::Arc<Settings>,
     /// Work finished on tasks of its own, shared by every service of one layer.
     pub(crate) detached: crate::detached::Detached,
     pub(crate) fingerprinter: F,

@@ -73,7 +73,7 @@ impl<St> IdempotencyLayer<St> {
             store,
             scope: (),
             config: Config {
-                settings: Settings::default(),
+                settings: Arc::new(Settings::default()),
                 detached: Default::default(),
                 fingerprinter: Sha256Fingerprint,
                 predicate: DefaultPredicate,
@@ -110,7 +110,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     ///
     /// If `methods` is empty.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.config.settings.methods = methods.into_iter().collect();
+        Arc::make_mut(&mut self.config.settings).methods = methods.into_iter().collect();
         assert!(
             !self.config.settings.methods.is_empty(),
             "IdempotencyLayer::methods needs at least one method"
@@ -120,7 +120,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
 
     /// The header carrying the key. Default `Idempotency-Key`.
     pub fn header_name(mut self, name: HeaderName) -> Self {
-        self.config.settings.header = name;
+        Arc::make_mut(&mut self.config.settings).header = name;
         self
     }
 
@@ -131,21 +131,21 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// If `max` is zero.
     pub fn max_key_len(mut self, max: usize) -> Self {
         assert!(max > 0, "IdempotencyLayer::max_key_len must be at least 1");
-        self.config.settings.max_key_len = max;
+        Arc::make_mut(&mut self.config.settings).max_key_len = max;
         self
     }
 
     /// Whether a covered request without a key is refused with `400` (`true`) or passed through
     /// (`false`, the default, so the layer can be added to an existing API).
     pub fn require_key(mut self, require: bool) -> Self {
-        self.config.settings.require_key = require;
+        Arc::make_mut(&mut self.config.settings).require_key = require;
         self
     }
 
     /// The largest request body buffered; larger ones get `413` and never reach the handler.
     /// `Content-Length` is checked before reading. Default 1 MiB.
     pub fn body_limit(mut self, limit: usize) -> Self {
-        self.config.settings.body_limit = limit;
+        Arc::make_mut(&mut self.config.settings).body_limit = limit;
         self
     }
 
@@ -153,7 +153,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// caller in full; its key is then kept as *not replayable*, so duplicates get `409` and the
     /// handler never runs twice. Default 1 MiB.
     pub fn response_limit(mut self, limit: usize) -> Self {
-        self.config.settings.response_limit = limit;
+        Arc::make_mut(&mut self.config.settings).response_limit = limit;
         self
     }
 
@@ -172,7 +172,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             lease >= Duration::from_millis(3),
             "IdempotencyLayer::lease must be at least 3 ms"
         );
-        self.config.settings.lease = lease.min(MAX_DURATION);
+        Arc::make_mut(&mut self.config.settings).lease = lease.min(MAX_DURATION);
         self
     }
 
@@ -187,7 +187,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             !retention.is_zero(),
             "IdempotencyLayer::retention must not be zero"
         );
-        self.config.settings.retention = retention.min(MAX_DURATION);
+        Arc::make_mut(&mut self.config.settings).retention = retention.min(MAX_DURATION);
         self
     }
 
@@ -195,7 +195,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// and does not run the handler; `true` runs the handler without a claim (duplicates may
     /// then run twice).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.config.settings.fail_open = fail_open;
+        Arc::make_mut(&mut self.config.settings).fail_open = fail_open;
         self
     }
 
@@ -211,7 +211,7 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// and the key is released so the retry runs the handler again. Choose it only for handlers
     /// that are safe to run twice or that roll back when cancelled.
     pub fn cancel_on_disconnect(mut self, cancel: bool) -> Self {
-        self.config.settings.cancel_on_disconnect = cancel;
+        Arc::make_mut(&mut self.config.settings).cancel_on_disconnect = cancel;
         self
     }
 
@@ -221,20 +221,22 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// key; a live handler usually finishes much sooner, so advertising the whole lease would
     /// make clients wait (or give up) for nothing.
     pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
-        self.config.settings.in_progress_retry_after = after;
+        Arc::make_mut(&mut self.config.settings).in_progress_retry_after = after;
         self
     }
 
     /// The `Retry-After` sent with `503` when the store fails. Default 1 s.
     pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
-        self.config.settings.unavailable_retry_after = after;
+        Arc::make_mut(&mut self.config.settings).unavailable_retry_after = after;
         self
     }
 
     /// A response header never stored nor replayed (in addition to the hop-by-hop headers,
     /// which never are). For example a per-response `Set-Cookie`.
     pub fn strip_header(mut self, name: HeaderName) -> Self {
-        self.config.settings.strip_headers.push(name);
+        Arc::make_mut(&mut self.config.settings)
+            .strip_headers
+            .push(name);
         self
     }
 
@@ -268,7 +270,8 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             + Sync
             + 'static,
     {
-        self.config.settings.problems = crate::problem::Problems::custom(Arc::new(f));
+        Arc::make_mut(&mut self.config.settings).problems =
+            crate::problem::Problems::custom(Arc::new(f));
         self
     }
 

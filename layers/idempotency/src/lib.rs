@@ -132,6 +132,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod body;
+mod claim;
 mod config;
 mod detached;
 mod digest;
@@ -148,6 +149,7 @@ mod service;
 pub mod store;
 
 pub use self::body::{RequestBody, ResponseBody};
+pub use self::claim::{Claim, ClaimError};
 pub use self::config::{IDEMPOTENCY_IN_PROGRESS, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use self::detached::Detached;
 pub use self::future::ResponseFuture;

@@ -12,6 +12,8 @@ mod steps;
 mod streaming;
 
 pub(crate) use self::replay::problem;
+#[cfg(feature = "postgres")]
+pub(crate) use self::replay::storable_headers;
 
 use self::covered::CoveredFuture;
 use self::finish_on_drop::{FinishOnDrop, Unfinished};

@@ -80,7 +80,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 
 /// The headers to store: all but hop-by-hop ones, those the `Connection` header names, `Upgrade`
 /// and the configured deny-list.
-pub(super) fn storable_headers(headers: &HeaderMap, strip: &[HeaderName]) -> HeaderMap {
+pub(crate) fn storable_headers(headers: &HeaderMap, strip: &[HeaderName]) -> HeaderMap {
     // One lookup of `Connection`, not one per header.
     let connection = headers.get_all(header::CONNECTION);
     let named_by_connection = |name: &HeaderName| {

@@ -7,6 +7,7 @@ use super::replay::{self, problem};
 use super::state::{State, StateOf};
 use super::streaming::StreamingClaim;
 use crate::body::{RequestBody, ResponseBody};
+use crate::claim::{Claim, StoredBy};
 use crate::config::Config;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::metrics::Outcome;
@@ -114,6 +115,14 @@ where
                 self.claim = Some(ClaimGuard::new(lease, self.config.detached.clone()));
                 request.extensions_mut().insert(self.token);
                 request.extensions_mut().insert(self.key);
+                if St::COMPLETES_IN_TRANSACTION {
+                    request.extensions_mut().insert(Claim::for_request(
+                        self.store.clone(),
+                        self.key,
+                        self.token,
+                        Arc::clone(&self.config.settings),
+                    ));
+                }
                 State::Run {
                     future: self.service.call(request.map(RequestBody::full)),
                 }
@@ -169,7 +178,15 @@ where
         ResB: Body,
     {
         match result {
-            Ok(response) => {
+            Ok(mut response) => {
+                if St::COMPLETES_IN_TRANSACTION && self.stored_by_handler(&mut response) {
+                    Outcome::Stored.record(span);
+                    tracing::debug!("the handler stored its response in its own transaction");
+                    let response = response.map(ResponseBody::streaming);
+                    return State::Finish {
+                        result: Some(Ok(response)),
+                    };
+                }
                 let (parts, body) = response.into_parts();
                 if self.config.predicate.should_store(&parts) {
                     return State::ReadResponse {
@@ -287,6 +304,20 @@ where
         Poll::Ready(State::Finish {
             result: Some(Ok(response)),
         })
+    }
+
+    /// Whether the handler stored this very response under this claim (`Claim::respond_in`):
+    /// the record is then written, in the handler's transaction, and the claim is settled.
+    fn stored_by_handler<B>(&mut self, response: &mut Response<B>) -> bool {
+        match response.extensions_mut().remove::<StoredBy>() {
+            Some(StoredBy(token)) if token == self.token => {
+                if let Some(claim) = self.claim.take() {
+                    drop(claim.disarm());
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     pub(super) fn poll_renew(&mut self, renew: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) {

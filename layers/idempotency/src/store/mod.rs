@@ -120,6 +120,11 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// # }
 /// ```
 pub trait IdempotencyStore: Clone + Send + Sync + 'static {
+    /// Whether a handler can complete its claim in its own transaction: the layers then hand
+    /// each claimed request or job a [`Claim`](crate::Claim) in its extensions. `false` unless
+    /// the store says otherwise ([`postgres::PostgresStore`] does).
+    const COMPLETES_IN_TRANSACTION: bool = false;
+
     /// Future returned by [`claim`](Self::claim).
     type ClaimFuture: Future<Output = Result<ClaimOutcome, StoreError>> + Send + Unpin + 'static;
     /// Future returned by [`complete`](Self::complete).

@@ -53,6 +53,7 @@
 //! for any data of yours.
 
 mod error;
+mod in_transaction;
 mod row;
 mod schema;
 
@@ -277,6 +278,8 @@ fn completion_statement<'q>(
 }
 
 impl IdempotencyStore for PostgresStore {
+    const COMPLETES_IN_TRANSACTION: bool = true;
+
     type ClaimFuture = StoreFuture<ClaimOutcome>;
     type CompleteFuture = StoreFuture<bool>;
     type ReleaseFuture = StoreFuture<bool>;

@@ -1,0 +1,89 @@
+//! Why a handler could not complete its claim.
+
+use crate::store::StoreError;
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A [`Claim`](super::Claim) could not be completed: do not commit the transaction.
+#[derive(Debug)]
+pub struct ClaimError {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Lost,
+    Store(StoreError),
+    Body(Box<dyn StdError + Send + Sync>),
+}
+
+impl ClaimError {
+    pub(crate) fn lost() -> Self {
+        Self { kind: Kind::Lost }
+    }
+
+    pub(crate) fn store(error: StoreError) -> Self {
+        Self {
+            kind: Kind::Store(error),
+        }
+    }
+
+    pub(crate) fn body(error: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        Self {
+            kind: Kind::Body(error.into()),
+        }
+    }
+
+    /// The claim is no longer this request's: its lease ran out (the handler was paused or
+    /// slow) and the key may have been claimed by a retry. Its effects must not commit; the
+    /// retry's answer is the one that counts.
+    pub fn is_lost(&self) -> bool {
+        matches!(self.kind, Kind::Lost)
+    }
+
+    /// The database failed the statement; the transaction is unusable.
+    pub fn is_store(&self) -> bool {
+        matches!(self.kind, Kind::Store(_))
+    }
+
+    /// The response's body failed while it was read for storing.
+    pub fn is_body(&self) -> bool {
+        matches!(self.kind, Kind::Body(_))
+    }
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Lost => f.write_str(
+                "idempotency claim lost: its lease ran out and the key may belong to a retry now; \
+                 do not commit",
+            ),
+            Kind::Store(error) => write!(f, "could not complete the idempotency claim: {error}"),
+            Kind::Body(error) => write!(f, "the response body failed while being stored: {error}"),
+        }
+    }
+}
+
+impl StdError for ClaimError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match &self.kind {
+            Kind::Lost => None,
+            Kind::Store(error) => Some(error),
+            Kind::Body(error) => Some(error.as_ref()),
+        }
+    }
+}
+
+/// A lost claim answers `409 Conflict` (the key is another request's now: retrying later
+/// replays its answer), a store failure `503 Service Unavailable`, a failed body `500`.
+impl axum::response::IntoResponse for ClaimError {
+    fn into_response(self) -> axum::response::Response {
+        let status = match self.kind {
+            Kind::Lost => http::StatusCode::CONFLICT,
+            Kind::Store(_) => http::StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Body(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (status, self.to_string()).into_response()
+    }
+}

@@ -1,0 +1,147 @@
+//! The claim a request or job holds while its handler runs, handed to the handler so that it
+//! can record its outcome in its own database transaction, together with its effects.
+
+mod error;
+mod extract;
+
+pub use self::error::ClaimError;
+
+use crate::config::Settings;
+use crate::store::{ClaimToken, StoreKey};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The claim this request (or job) holds on its idempotency key: its store, key and token.
+///
+/// With a store whose records live in the handler's own database
+/// ([`PostgresStore`](crate::store::postgres::PostgresStore), feature `postgres`),
+/// `IdempotencyLayer` puts one in the extensions of every request it claimed, and the worker's
+/// `RunOnceLayer` in those of every job it claimed. The handler then records its outcome in the
+/// transaction that writes its effects: both commit, or neither does.
+///
+/// - HTTP: `claim.respond_in(&mut tx, response)` stores the response the handler returns, and
+///   returns it; the layer sees it was stored and writes nothing more.
+/// - Jobs: `claim.complete_in(&mut tx)` records the job as done.
+///
+/// Both are fenced: they change the record only while the claim is still this request's (in
+/// progress, same token, lease not run out), and fail with [`ClaimError::is_lost`] otherwise.
+/// The handler must then not commit (with `?` the transaction is dropped and rolled back), so a
+/// stale owner, whose lease ran out while it was paused and whose key another request took,
+/// can never commit a second effect. From the completion to the commit the record's row is
+/// locked: a duplicate arriving then waits for the commit and sees the stored response.
+///
+/// In axum, take it as an extractor: `Claim<PostgresStore>`, or `Option<Claim<PostgresStore>>`
+/// for routes where the key is optional. Elsewhere read it from the request's extensions.
+pub struct Claim<St> {
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+    retention: Duration,
+    // The layer's rules for stored responses (deny-listed headers, size limit); `None` for a
+    // job's claim.
+    settings: Option<Arc<Settings>>,
+    // Set once the handler completed the record itself: read by `RunOnceLayer`.
+    completed: Arc<AtomicBool>,
+}
+
+impl<St: Clone> Clone for Claim<St> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            key: self.key,
+            token: self.token,
+            retention: self.retention,
+            settings: self.settings.clone(),
+            completed: Arc::clone(&self.completed),
+        }
+    }
+}
+
+impl<St> fmt::Debug for Claim<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St> Claim<St> {
+    /// The claim of a request, stored by the layer's rules.
+    pub(crate) fn for_request(
+        store: St,
+        key: StoreKey,
+        token: ClaimToken,
+        settings: Arc<Settings>,
+    ) -> Self {
+        Self {
+            store,
+            key,
+            token,
+            retention: settings.retention,
+            settings: Some(settings),
+            completed: Arc::default(),
+        }
+    }
+
+    /// The claim of a job (for `RunOnceLayer`): `completed` is set once the handler recorded
+    /// the job as done itself, so the layer does not record it again.
+    #[doc(hidden)]
+    pub fn for_job(
+        store: St,
+        key: StoreKey,
+        token: ClaimToken,
+        retention: Duration,
+        completed: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            store,
+            key,
+            token,
+            retention,
+            settings: None,
+            completed,
+        }
+    }
+
+    /// The store the claim is in.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// The record's key in the store.
+    pub fn key(&self) -> StoreKey {
+        self.key
+    }
+
+    /// The claim's token: the record is this request's while it holds it.
+    pub fn token(&self) -> ClaimToken {
+        self.token
+    }
+
+    /// How long the completed record is kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// Whether the handler already completed the record itself.
+    pub fn is_completed(&self) -> bool {
+        self.completed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_completed(&self) {
+        self.completed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn settings(&self) -> Option<&Settings> {
+        self.settings.as_deref()
+    }
+}
+
+/// Put on a response whose record the handler stored itself (under this token), so the layer
+/// does not store it again.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoredBy(pub(crate) ClaimToken);

@@ -1,0 +1,145 @@
+//! Completing a [`Claim`] on the handler's own connection, inside its transaction.
+
+use super::PostgresStore;
+use crate::claim::{Claim, ClaimError, StoredBy};
+use crate::future::storable_headers;
+use crate::store::{Completion, StoredResponse};
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use sqlx::PgConnection;
+use std::future::poll_fn;
+use std::ops::DerefMut;
+use tower_once_core::body::{BufferedBody, Collected, Collector};
+
+/// The largest body kept for replay when the claim carries no layer settings (a job's).
+const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
+
+impl Claim<PostgresStore> {
+    /// Stores `response` as this request's record on `connection` (your transaction: a
+    /// `sqlx::Transaction`, or any connection; pass `&mut tx`), fenced
+    /// by the claim, and returns it for the handler to return: the stored response is by
+    /// construction the one the client gets, replays included. Commit after this, then return
+    /// the response; the layer sees that the record is stored and writes nothing more.
+    ///
+    /// The response is stored by the layer's rules: hop-by-hop and deny-listed headers are
+    /// left out, and a body over the layer's response limit is not kept (later duplicates get
+    /// the layer's "not replayable" answer, and never run the handler). From here to the commit
+    /// the record's row is locked: a duplicate waits for the commit and then replays.
+    ///
+    /// Fails with [`ClaimError::is_lost`] when the claim is no longer this request's (its
+    /// lease ran out and a retry may have taken the key), and with [`ClaimError::is_store`]
+    /// when the statement failed: in both cases do not commit.
+    ///
+    /// ```no_run
+    /// use axum::{http::StatusCode, response::Response, Json};
+    /// use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
+    /// use tower_once_idempotency::Claim;
+    ///
+    /// async fn charge(
+    ///     claim: Claim<PostgresStore>,
+    ///     Json(amount): Json<i64>,
+    /// ) -> Result<Response, Response> {
+    ///     let fail = |e: sqlx::Error| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    ///     # use axum::response::IntoResponse;
+    ///     let mut tx = claim.store().pool().begin().await.map_err(fail)?;
+    ///     let id: i64 = sqlx::query_scalar("INSERT INTO charges (amount) VALUES ($1) RETURNING id")
+    ///         .bind(amount)
+    ///         .fetch_one(&mut *tx)
+    ///         .await
+    ///         .map_err(fail)?;
+    ///     let response = claim
+    ///         .respond_in(&mut tx, (StatusCode::CREATED, Json(id)))
+    ///         .await
+    ///         .map_err(IntoResponse::into_response)?;
+    ///     tx.commit().await.map_err(fail)?;
+    ///     Ok(response)
+    /// }
+    /// ```
+    pub async fn respond_in<C, R>(
+        &self,
+        connection: &mut C,
+        response: R,
+    ) -> Result<Response, ClaimError>
+    where
+        C: DerefMut<Target = PgConnection> + Send,
+        R: IntoResponse,
+    {
+        let (mut parts, body) = response.into_response().into_parts();
+        let (limit, strip) = match self.settings() {
+            Some(settings) => (settings.response_limit, settings.strip_headers.as_slice()),
+            None => (DEFAULT_RESPONSE_LIMIT, &[][..]),
+        };
+        let mut body = Box::pin(body);
+        let mut collector = Collector::default();
+        let mut trailers = None;
+        let collected =
+            poll_fn(|cx| collector.poll_collect(body.as_mut(), limit, &mut trailers, cx)).await;
+        let (completion, body) = match collected {
+            Collected::Complete => {
+                let data = collector.finish();
+                let stored = StoredResponse {
+                    status: parts.status,
+                    headers: storable_headers(&parts.headers, strip),
+                    body: data.clone(),
+                    trailers: trailers.clone(),
+                };
+                let body = Body::new(BufferedBody::<Body>::full_with_trailers(data, trailers));
+                (Completion::Response(stored), body)
+            }
+            Collected::Over(data) => {
+                let prefix = collector.finish_with(data);
+                (
+                    Completion::NotReplayable,
+                    Body::new(BufferedBody::prefixed(prefix, body)),
+                )
+            }
+            Collected::Failed(error) => return Err(ClaimError::body(error)),
+        };
+        self.record_on(connection, &completion).await?;
+        parts.extensions.insert(StoredBy(self.token()));
+        Ok(Response::from_parts(parts, body))
+    }
+
+    /// Records this job as done on `connection` (your transaction), fenced by the claim: for
+    /// the worker's `RunOnceLayer`, which then records nothing more once the handler returns
+    /// `Ok`. Commit after this. Fails with [`ClaimError::is_lost`] when the claim is no longer
+    /// this delivery's (a worker paused past its lease, whose job another worker took): do not
+    /// commit then, so the effect happens once.
+    pub async fn complete_in<C>(&self, connection: &mut C) -> Result<(), ClaimError>
+    where
+        C: DerefMut<Target = PgConnection> + Send,
+    {
+        let done = StoredResponse::new(
+            http::StatusCode::OK,
+            http::HeaderMap::new(),
+            bytes::Bytes::new(),
+        );
+        self.record_on(connection, &Completion::Response(done))
+            .await?;
+        self.mark_completed();
+        Ok(())
+    }
+
+    async fn record_on(
+        &self,
+        connection: &mut PgConnection,
+        completion: &Completion,
+    ) -> Result<(), ClaimError> {
+        let done = self
+            .store()
+            .complete_on(
+                connection,
+                self.key(),
+                self.token(),
+                completion,
+                self.retention(),
+            )
+            .await
+            .map_err(ClaimError::store)?;
+        if done {
+            Ok(())
+        } else {
+            Err(ClaimError::lost())
+        }
+    }
+}
