@@ -106,7 +106,7 @@ fn the_same_job_enqueued_twice_has_one_summary_and_one_email() {
 }
 
 #[test]
-fn a_slow_worker_and_a_reclaimer_give_done_and_duplicate_and_one_email() {
+fn a_frozen_worker_and_its_reclaimer_commit_one_summary_and_one_email() {
     let mut p = Pipeline::new();
     p.start("model", "model", &[]);
     p.start("mailer", "mailer", &[]);
@@ -116,8 +116,9 @@ fn a_slow_worker_and_a_reclaimer_give_done_and_duplicate_and_one_email() {
     let text = "slow one [slow:2500]";
     let (_, job_id) = p.submit("acme", "k", text);
     eventually("the first model call", || p.model_calls(text) == 1);
-    // Frozen (a long GC pause, a stalled VM): it cannot refresh its claim, so the entry is
-    // taken over; then it resumes and finishes its own run.
+    // Frozen (a long GC pause, a stalled VM): it cannot refresh its claims, so the entry is
+    // taken over; then it resumes, and its run-once claim, completed first in its
+    // transaction, is found lost: it rolls back and leaves the entry to the reclaimer.
     p.proc("slow").signal("STOP");
     std::thread::sleep(Duration::from_millis(1500));
     p.start("reclaimer", "worker", &["--claim-idle-ms", "1000"]);
@@ -131,7 +132,7 @@ fn a_slow_worker_and_a_reclaimer_give_done_and_duplicate_and_one_email() {
     let mut outcomes = p.proc("slow").outcomes();
     outcomes.extend(p.proc("reclaimer").outcomes());
     outcomes.sort();
-    assert_eq!(outcomes, ["done", "duplicate"]);
+    assert_eq!(outcomes, ["done", "lost"]);
     assert_eq!(p.model_calls(text), 2);
     assert_eq!((p.summaries(&job_id), p.outbox_rows(&job_id)), (1, 1));
     assert_eq!(p.emails().len(), 1);
@@ -300,7 +301,7 @@ fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
     let redis = RedisServer::start();
     let db = Database::create();
     let base = free_port();
-    let binary = support::example_binary_with("pipeline", "worker outbox");
+    let binary = support::example_binary_with("pipeline", "worker outbox postgres");
     let mut child = Command::new(binary)
         .args(["all", "--redis", &redis.url(), "--postgres", &db.url()])
         .args(["--addr", &format!("127.0.0.1:{base}")])

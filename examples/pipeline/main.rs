@@ -12,7 +12,7 @@
 //! ```
 //!
 //! ```sh
-//! cargo run --example pipeline --features worker,outbox -- all \
+//! cargo run --example pipeline --features worker,outbox,postgres -- all \
 //!     --redis redis://127.0.0.1:6379 --postgres postgres://postgres@127.0.0.1:5432/test
 //! curl -si localhost:3000/v1/summaries -H 'Idempotency-Key: k1' -H 'X-Tenant-Id: acme' \
 //!     -H 'content-type: application/json' -d '{"text":"hello world","notify":"a@example.com"}'

@@ -1,5 +1,6 @@
 //! The worker: reads `jobs:summaries`, calls the model through `RetryLayer` + `TimeoutLayer`,
-//! and writes the summary and its email (an outbox row) in one transaction.
+//! and writes the summary, its email (an outbox row) and its run-once record in one
+//! transaction: `RunOnceLayer` on the Postgres store, completed by the handler itself.
 
 use crate::api::STREAM;
 use crate::args::Args;
@@ -14,14 +15,18 @@ use serde_json::json;
 use std::future::Future;
 use std::time::Duration;
 use tower::util::BoxCloneService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower_once::idempotency::store::postgres::PostgresStore;
+use tower_once::idempotency::Claim;
 use tower_once::outbox::sqlx::{self, PgPool};
 use tower_once::outbox::Outbox;
 use tower_once::retry::backoff::Backoff;
 use tower_once::retry::classify::HttpClassifier;
 use tower_once::retry::RetryLayer;
 use tower_once::timeout::http::HttpTimeoutLayer;
-use tower_once::worker::{BoxError, Job, JobError, Worker, WorkerConfig};
+use tower_once::worker::{
+    BoxError, Job, JobError, RunOnceLayer, RunOnceOutcome, Worker, WorkerConfig,
+};
 
 /// The model as a service: text in, status and body out.
 type Model = BoxCloneService<(String, String), (StatusCode, Bytes), BoxError>;
@@ -53,7 +58,30 @@ pub(crate) async fn run(
         model: model_client(args)?,
         linger: args.linger,
     };
-    let service = tower::service_fn(move |job: Job| handle(handler.clone(), job));
+    // The run-once records live beside the summaries, so the handler commits its record with
+    // them. Half of claim_idle: a crashed delivery's claim has expired by the time its entry
+    // is taken over.
+    let store = PostgresStore::new(handler.pool.clone()).table("job_runs")?;
+    store.migrate().await?;
+    let run_once = RunOnceLayer::new(store)
+        .lease(args.claim_idle / 2)
+        .layer(tower::service_fn(move |job: Job| {
+            handle(handler.clone(), job)
+        }));
+    let service = tower::service_fn(move |job: Job| {
+        let (job_id, deliveries) = (job.job_id().as_str().to_owned(), job.deliveries());
+        let run = run_once.clone().oneshot(job);
+        async move {
+            match run.await {
+                // Done (or lost) before, in the handler: its line is printed there.
+                Ok(RunOnceOutcome::Done(())) => Ok(()),
+                Ok(_) => finish(&job_id, "duplicate", deliveries, Duration::ZERO)
+                    .await
+                    .map_err(BoxError::from),
+                Err(error) => Err(BoxError::from(error)),
+            }
+        }
+    });
     let config = WorkerConfig::new(STREAM, "workers")
         .claim_idle(args.claim_idle)
         .max_deliveries(args.max_deliveries)
@@ -108,33 +136,37 @@ async fn handle(h: Handler, job: Job) -> Result<(), JobError> {
             "payload holds NUL, which Postgres text cannot store",
         ));
     }
-    // Redelivered after its transaction committed (the worker died before XACK): done.
-    let done: Option<i32> = sqlx::query_scalar("SELECT 1 FROM summaries WHERE job_id = $1")
-        .bind(&job_id)
-        .fetch_optional(&h.pool)
-        .await
-        .map_err(JobError::transient)?;
-    if done.is_some() {
-        return finish(&job_id, "duplicate", job.deliveries(), Duration::ZERO).await;
-    }
+    // RunOnceLayer claimed the job id (a job done before never reaches here).
+    let claim = job
+        .extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or_else(|| {
+            JobError::permanent("no run-once claim: the handler runs under RunOnceLayer")
+        })?;
     let summary = summarize(h.model, &job_id, &payload.text).await?;
 
     let mut tx = h.pool.begin().await.map_err(JobError::transient)?;
-    let inserted: Option<String> = sqlx::query_scalar(
-        "INSERT INTO summaries (job_id, tenant, summary, notify) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
-    )
-    .bind(&job_id)
-    .bind(&payload.tenant)
-    .bind(&summary)
-    .bind(&payload.notify)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db_error)?;
-    if inserted.is_none() {
-        // A concurrent delivery of the same job committed first.
-        return finish(&job_id, "duplicate", job.deliveries(), Duration::ZERO).await;
+    // First, fenced by the claim: a worker paused past its lease (whose job another worker
+    // took over) stops here, and its transaction rolls back. The entry stays pending for the
+    // delivery that holds the job now.
+    if let Err(error) = claim.complete_in(&mut tx).await {
+        if error.is_lost() {
+            println!(
+                "{}",
+                json!({ "job_id": job_id, "outcome": "lost", "deliveries": job.deliveries() })
+            );
+        }
+        return Err(JobError::transient(error));
     }
+    sqlx::query("INSERT INTO summaries (job_id, tenant, summary, notify) VALUES ($1, $2, $3, $4)")
+        .bind(&job_id)
+        .bind(&payload.tenant)
+        .bind(&summary)
+        .bind(&payload.notify)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
     let email = json!({ "job_id": job_id, "to": payload.notify, "summary": summary });
     h.outbox
         .enqueue(&mut tx, "email", &email_key, email.to_string())

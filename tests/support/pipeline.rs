@@ -78,7 +78,7 @@ impl Pipeline {
 
     /// Starts `role` under `name` with extra flags; HTTP roles are waited for.
     pub(crate) fn start(&mut self, name: &str, role: &str, extra: &[&str]) {
-        let binary = example_binary_with("pipeline", "worker outbox");
+        let binary = example_binary_with("pipeline", "worker outbox postgres");
         let stdout = std::env::temp_dir().join(format!(
             "tower-once-pipeline-{}-{}-{name}.out",
             std::process::id(),

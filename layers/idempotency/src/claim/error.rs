@@ -1,4 +1,6 @@
 //! Why a handler could not complete its claim.
+// Built only by the stores that complete in a transaction (feature `postgres`).
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use crate::store::StoreError;
 use std::error::Error as StdError;

@@ -132,10 +132,12 @@ impl<St> Claim<St> {
         self.completed.load(Ordering::Acquire)
     }
 
+    #[cfg(feature = "postgres")]
     pub(crate) fn mark_completed(&self) {
         self.completed.store(true, Ordering::Release);
     }
 
+    #[cfg(feature = "postgres")]
     pub(crate) fn settings(&self) -> Option<&Settings> {
         self.settings.as_deref()
     }

@@ -10,6 +10,8 @@ use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
@@ -17,6 +19,7 @@ use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, RecordState, StoreError,
     StoreKey, StoredResponse,
 };
+use tower_once_idempotency::Claim;
 use tower_service::Service;
 
 pin_project! {
@@ -50,6 +53,8 @@ pin_project! {
             #[pin]
             renew_at: Sleep,
             lease: Lease<St>,
+            // Set when the handler completed the record in its own transaction.
+            completed: Option<Arc<AtomicBool>>,
         },
         Completing { complete: St::CompleteFuture, response: Option<S::Response> },
         Releasing { release: St::ReleaseFuture, error: Option<S::Error> },
@@ -110,7 +115,7 @@ where
                 StateProj::Claiming { claim, inner } => {
                     let claimed = ready!(Pin::new(claim).poll(cx));
                     let lease = Lease::new(this.store.clone(), *this.key, *this.token, *this.lease);
-                    match start(claimed, inner, lease) {
+                    match start(claimed, inner, lease, *this.retention) {
                         Ok(state) => state,
                         Err(output) => return Poll::Ready(output),
                     }
@@ -119,12 +124,25 @@ where
                     future,
                     renew_at,
                     lease,
+                    completed,
                 } => {
                     let Poll::Ready(result) = future.poll(cx) else {
                         lease.poll_renew(renew_at, cx);
                         return Poll::Pending;
                     };
-                    finish(result, this.store, *this.key, *this.token, *this.retention)
+                    match result {
+                        // The handler recorded the job as done in its own transaction.
+                        Ok(response)
+                            if completed
+                                .as_ref()
+                                .is_some_and(|c| c.load(Ordering::Acquire)) =>
+                        {
+                            return Poll::Ready(Ok(RunOnceOutcome::Done(response)));
+                        }
+                        result => {
+                            finish(result, this.store, *this.key, *this.token, *this.retention)
+                        }
+                    }
                 }
                 StateProj::Completing { complete, response } => {
                     let stored = ready!(Pin::new(complete).poll(cx));
@@ -155,6 +173,7 @@ fn start<S, St>(
     claimed: Result<ClaimOutcome, StoreError>,
     inner: &mut Option<(S, Job)>,
     lease: Lease<St>,
+    retention: Duration,
 ) -> Result<State<S, St>, Output<S>>
 where
     S: Service<Job>,
@@ -178,9 +197,22 @@ where
         }
         Err(e) => return Err(Err(RunOnceError(Repr::Store(e)))),
     }
-    let Some((mut service, job)) = inner.take() else {
+    let Some((mut service, mut job)) = inner.take() else {
         tower_once_core::polled_after_completion("ResponseFuture")
     };
+    // A store the handler's transaction can write (Postgres): hand the handler its claim.
+    let completed = St::COMPLETES_IN_TRANSACTION.then(|| {
+        let completed = Arc::new(AtomicBool::new(false));
+        let (store, key, token) = lease.parts();
+        job.extensions_mut().insert(Claim::for_job(
+            store.clone(),
+            key,
+            token,
+            retention,
+            Arc::clone(&completed),
+        ));
+        completed
+    });
     // The handler is called after the claim, outside the worker's `call`: put the delivery's
     // deadline back in scope so a `TimeoutLayer`/`RetryLayer` inside still sees it.
     let future = match job.deadline() {
@@ -191,6 +223,7 @@ where
         future,
         renew_at: tokio::time::sleep(lease.interval()),
         lease,
+        completed,
     })
 }
 

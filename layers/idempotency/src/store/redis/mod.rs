@@ -62,8 +62,6 @@ use crate::fingerprint::Fingerprint;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
