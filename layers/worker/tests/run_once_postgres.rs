@@ -1,0 +1,150 @@
+//! `RunOnceLayer` on the Postgres store, the handler completing its record in the transaction
+//! of its effects (crate docs, "Run-once in the job's transaction"): the layer then writes
+//! nothing more, a handler whose claim was lost (paused past its lease, the job taken by
+//! another delivery) rolls back, and a failed transaction leaves the job to run again.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{Layer, ServiceExt};
+use tower_once_idempotency::store::postgres::PostgresStore;
+use tower_once_idempotency::Claim;
+use tower_once_test_support::postgres::{database_url, Schema};
+use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
+
+struct Fixture {
+    schema: Schema,
+    store: PostgresStore,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let schema = Schema::create();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&database_url())
+            .await
+            .unwrap();
+        let store = PostgresStore::new(pool)
+            .table(&format!("{}.job_runs", schema.name))
+            .unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE {}.effects (job_id text NOT NULL)",
+            schema.name
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Self { schema, store }
+    }
+
+    async fn effects(&self) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.effects",
+            self.schema.name
+        ))
+        .fetch_one(self.store.pool())
+        .await
+        .unwrap()
+    }
+}
+
+/// Writes one effect row and the run-once record in one transaction, after `pause` (a
+/// blocking one: the thread stops, as in a GC pause, so the lease is not renewed) for the
+/// first run, and fails before the commit when `fail_first`.
+fn handler(
+    schema: String,
+    pause: Duration,
+    fail_first: bool,
+) -> (
+    impl tower::Service<Job, Response = (), Error = JobError, Future = impl Send> + Clone,
+    Arc<AtomicUsize>,
+) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let service = tower::service_fn(move |job: Job| {
+        let run = counter.fetch_add(1, SeqCst) + 1;
+        let schema = schema.clone();
+        async move {
+            let claim = job
+                .extensions()
+                .get::<Claim<PostgresStore>>()
+                .cloned()
+                .ok_or_else(|| JobError::permanent("no claim"))?;
+            let mut tx = claim
+                .store()
+                .pool()
+                .begin()
+                .await
+                .map_err(JobError::transient)?;
+            sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+                .bind(job.job_id().as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            if run == 1 {
+                std::thread::sleep(pause);
+                if fail_first {
+                    return Err(JobError::transient("failed before the commit"));
+                }
+            }
+            claim
+                .complete_in(&mut tx)
+                .await
+                .map_err(JobError::transient)?;
+            tx.commit().await.map_err(JobError::transient)?;
+            Ok(())
+        }
+    });
+    (service, runs)
+}
+
+fn job(entry: &str) -> Job {
+    Job::new(entry, JobId::new("job-1").unwrap(), "{}", 1)
+}
+
+#[tokio::test]
+async fn the_record_commits_with_the_effect_and_a_redelivery_is_a_duplicate() {
+    let fixture = Fixture::new().await;
+    let (handler, runs) = handler(fixture.schema.name.clone(), Duration::ZERO, false);
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
+    let first = run_once.clone().oneshot(job("1-0")).await.unwrap();
+    assert!(matches!(first, RunOnceOutcome::Done(())));
+    let again = run_once.oneshot(job("1-0")).await.unwrap();
+    assert!(again.is_duplicate());
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (1, 1));
+}
+
+#[tokio::test]
+async fn a_failed_transaction_leaves_no_effect_and_the_job_runs_again() {
+    let fixture = Fixture::new().await;
+    let (handler, runs) = handler(fixture.schema.name.clone(), Duration::ZERO, true);
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
+    assert!(run_once.clone().oneshot(job("1-0")).await.is_err());
+    assert_eq!(fixture.effects().await, 0);
+    let retry = run_once.oneshot(job("1-0")).await.unwrap();
+    assert!(!retry.is_duplicate());
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_paused_past_its_lease_never_commits_a_second_effect() {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (handler, runs) = handler(fixture.schema.name.clone(), lease * 3, false);
+    let run_once = RunOnceLayer::new(fixture.store.clone())
+        .lease(lease)
+        .layer(handler);
+    let stale = tokio::spawn(run_once.clone().oneshot(job("1-0")));
+    // Taken over once the paused delivery's lease ran out (the worker's XAUTOCLAIM).
+    tokio::time::sleep(lease * 2).await;
+    let takeover = run_once.clone().oneshot(job("1-0")).await.unwrap();
+    assert!(matches!(takeover, RunOnceOutcome::Done(())));
+    let stale = stale.await.unwrap();
+    let error = stale.expect_err("the paused delivery's claim was lost");
+    assert!(error.to_string().contains("claim lost"), "{error}");
+    assert_eq!(runs.load(SeqCst), 2, "both ran");
+    assert_eq!(fixture.effects().await, 1, "one effect committed");
+    assert!(run_once.oneshot(job("1-0")).await.unwrap().is_duplicate());
+}
