@@ -13,11 +13,15 @@
 
 #![allow(missing_docs)]
 
+#[path = "support/report.rs"]
+mod report;
+
 use axum::body::{Body, Bytes};
 use axum::routing::post;
 use axum::Router;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use report::Table;
 use std::future::{ready, Ready};
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
@@ -294,20 +298,22 @@ fn main() {
         return;
     }
     const N: u64 = 1000;
-    println!(
-        "{:<18} {:>14} {:>14}",
-        "case", "allocs/request", "bytes/request"
-    );
+    let table = Table::new(&["case", "allocs/request", "bytes/request"]);
     for case in CASES {
         let _profiler = dhat::Profiler::builder().testing().build();
         let before = dhat::HeapStats::get();
         rt.block_on(run(case, N, &routers));
         let after = dhat::HeapStats::get();
-        println!(
-            "{:<18} {:>14.1} {:>14.0}",
-            case,
-            (after.total_blocks - before.total_blocks) as f64 / N as f64,
-            (after.total_bytes - before.total_bytes) as f64 / N as f64,
-        );
+        table.row(&[
+            case.to_owned(),
+            format!(
+                "{:.1}",
+                (after.total_blocks - before.total_blocks) as f64 / N as f64
+            ),
+            format!(
+                "{:.0}",
+                (after.total_bytes - before.total_bytes) as f64 / N as f64
+            ),
+        ]);
     }
 }

@@ -1,7 +1,8 @@
 //! Outbox rows delivered per second, end to end (claim → send → record), with 1 and 4 relays,
 //! beside a seed-style relay (one transaction per batch: `FOR UPDATE SKIP LOCKED`, send every
 //! row while holding the row locks, mark them sent, commit) on the same table in the same run.
-//! The sender does nothing (0 ms) or stands for a provider that takes 5 ms.
+//! The sender does nothing (0 ms) or stands for a provider that takes 5 ms. Rates are medians of
+//! 3 interleaved rounds; the ratio divides the medians.
 //!
 //! ```sh
 //! cargo bench --bench outbox --features outbox          # ROWS=2000 by default
@@ -10,6 +11,10 @@
 //! Needs the PostgreSQL at `PG_URL` (default `postgres://postgres@127.0.0.1:5432`): it creates
 //! a database of its own and drops it at the end.
 
+#[path = "support/report.rs"]
+mod report;
+
+use report::{median, Table};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,11 +131,6 @@ async fn seed(pool: &PgPool, outbox: &Outbox, rows: usize, relays: usize, delay:
     rows as f64 / secs
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
     let rows: usize = std::env::var("ROWS")
@@ -148,8 +148,13 @@ async fn main() {
 
     println!("outbox rows delivered per second, {rows} rows, median of 3 interleaved rounds");
     println!();
-    println!("| sender | relays | seed-style relay | tower-once relay | ratio |");
-    println!("|---|---|---|---|---|");
+    let table = Table::new(&[
+        "sender",
+        "relays",
+        "seed-style relay",
+        "tower-once relay",
+        "ratio",
+    ]);
     for delay in [Duration::ZERO, Duration::from_millis(5)] {
         for relays in [1, 4] {
             let (mut s, mut o) = (Vec::new(), Vec::new());
@@ -158,11 +163,13 @@ async fn main() {
                 o.push(ours(&pool, &outbox, rows, relays, delay).await);
             }
             let (s, o) = (median(s), median(o));
-            println!(
-                "| {} ms | {relays} | {s:.0} | {o:.0} | {:.2} |",
-                delay.as_millis(),
-                o / s
-            );
+            table.row(&[
+                format!("{} ms", delay.as_millis()),
+                relays.to_string(),
+                format!("{s:.0}"),
+                format!("{o:.0}"),
+                format!("{:.2}", o / s),
+            ]);
         }
     }
     pool.close().await;

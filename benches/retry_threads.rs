@@ -14,6 +14,10 @@
 //! ONLY=once perf record -e cpu-clock -g target/release/deps/retry_threads-*
 //! ```
 
+#[path = "support/report.rs"]
+mod report;
+
+use report::{median, Table};
 use std::time::{Duration, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_once::retry::RetryLayer;
@@ -32,6 +36,16 @@ impl std::error::Error for Failed {}
 fn inner() -> impl Service<u64, Response = u64, Error = Failed, Future: Send> + Clone + Send {
     tower::service_fn(|x: u64| async move { Ok::<_, Failed>(x + 1) })
 }
+
+/// The services each round runs, in this order.
+const SERVICES: [&str; 3] = [
+    "no retry",
+    "tower-once `RetryLayer` (deadline, budget)",
+    "tower-resilience retry",
+];
+/// Worker threads of the runtime, per round.
+const THREADS: [usize; 2] = [1, 2];
+const ROUNDS: usize = 5;
 
 /// Calls per second: `calls` in all, split over 8 tasks per worker thread.
 fn run<S>(threads: usize, calls: u64, svc: S) -> f64
@@ -67,11 +81,6 @@ where
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 fn main() {
     let calls: u64 = std::env::var("CALLS")
         .ok()
@@ -93,42 +102,31 @@ fn main() {
         println!("{only}: {:.2} M calls per second, 1 thread", rate / 1e6);
         return;
     }
-    println!("calls per second, {calls} calls per run, median of 5 interleaved rounds");
+    println!("calls per second, {calls} calls per run, median of {ROUNDS} interleaved rounds");
     println!();
-    println!("| service | 1 thread | 2 threads | 2 / 1 |");
-    println!("|---|---|---|---|");
-    let mut rows: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![
-        ("no retry", Vec::new(), Vec::new()),
-        (
-            "tower-once `RetryLayer` (deadline, budget)",
-            Vec::new(),
-            Vec::new(),
-        ),
-        ("tower-resilience retry", Vec::new(), Vec::new()),
-    ];
-    for _ in 0..5 {
-        for threads in [1, 2] {
-            let r = [
+    // Per service, per thread count: one rate per round.
+    let mut rates: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; SERVICES.len()];
+    for _ in 0..ROUNDS {
+        for (t, threads) in THREADS.into_iter().enumerate() {
+            // In the order of SERVICES.
+            let round = [
                 run(threads, calls, inner()),
                 run(threads, calls, once.clone()),
                 run(threads, calls, resilience.clone()),
             ];
-            for (row, value) in rows.iter_mut().zip(r) {
-                if threads == 1 {
-                    row.1.push(value);
-                } else {
-                    row.2.push(value);
-                }
+            for (service, rate) in rates.iter_mut().zip(round) {
+                service[t].push(rate);
             }
         }
     }
-    for (name, one, two) in rows {
+    let table = Table::new(&["service", "1 thread", "2 threads", "2 / 1"]);
+    for (name, [one, two]) in SERVICES.into_iter().zip(rates) {
         let (one, two) = (median(one), median(two));
-        println!(
-            "| {name} | {:.2} M | {:.2} M | {:.2} |",
-            one / 1e6,
-            two / 1e6,
-            two / one
-        );
+        table.row(&[
+            name.to_owned(),
+            format!("{:.2} M", one / 1e6),
+            format!("{:.2} M", two / 1e6),
+            format!("{:.2}", two / one),
+        ]);
     }
 }

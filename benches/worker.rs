@@ -4,13 +4,18 @@
 //!
 //! Each round fills a fresh stream with `JOBS` entries (pipelined `XADD`, not timed), then
 //! times how long a consumer takes to run a no-op handler on every one and acknowledge it.
-//! Starts its own `redis-server` on a free loopback port.
+//! Starts its own `redis-server` on a free loopback port. Each figure is the median of the
+//! interleaved rounds; the last column divides a consumer's median rate by the plain loop's.
 //!
 //! ```sh
 //! cargo bench --bench worker --features worker
 //! ```
 #![allow(missing_docs)]
 
+#[path = "support/report.rs"]
+mod report;
+
+use report::{median, Table};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -134,16 +139,37 @@ async fn worker_run(url: &str, stream: &str, in_flight: usize) {
     worker.run(all_done.notified()).await;
 }
 
+/// Who reads and acknowledges the stream.
+#[derive(Clone, Copy, Debug)]
+enum Consumer {
+    /// `XREADGROUP COUNT n`, the batch's handlers, one `XACK` for the batch.
+    Plain,
+    /// tower-once's `Worker`.
+    Worker,
+}
+
+impl Consumer {
+    fn name(self) -> &'static str {
+        match self {
+            Consumer::Plain => "plain",
+            Consumer::Worker => "worker",
+        }
+    }
+}
+
+/// The consumers each round runs, in this order.
+const CONSUMERS: [Consumer; 2] = [Consumer::Plain, Consumer::Worker];
+
 /// One timed round: jobs per second and commands per job.
 fn round(
     rt: &tokio::runtime::Runtime,
     server: &RedisServer,
-    kind: &str,
+    consumer: Consumer,
     in_flight: usize,
     n: usize,
 ) -> (f64, f64) {
     let url = server.url();
-    let stream = format!("bench-{kind}-{in_flight}-{n}");
+    let stream = format!("bench-{}-{in_flight}-{n}", consumer.name());
     let mut conn = rt.block_on(async {
         ConnectionManager::new(redis::Client::open(url.as_str()).expect("url"))
             .await
@@ -153,9 +179,9 @@ fn round(
     let before = commands(server);
     let started = Instant::now();
     rt.block_on(async {
-        match kind {
-            "plain" => plain_loop(&mut conn, &stream, in_flight).await,
-            _ => worker_run(&url, &stream, in_flight).await,
+        match consumer {
+            Consumer::Plain => plain_loop(&mut conn, &stream, in_flight).await,
+            Consumer::Worker => worker_run(&url, &stream, in_flight).await,
         }
     });
     let elapsed = started.elapsed();
@@ -182,11 +208,6 @@ fn round(
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     const ROUNDS: usize = 5;
     let server = RedisServer::start();
@@ -195,27 +216,42 @@ fn main() {
         .build()
         .expect("runtime");
     println!("median of {ROUNDS} interleaved rounds of {JOBS} jobs");
-    println!(
-        "{:>9} {:>8} {:>12} {:>14}",
-        "in flight", "consumer", "jobs/s", "commands/job"
-    );
+    println!();
+    let table = Table::new(&[
+        "in flight",
+        "consumer",
+        "jobs/s",
+        "commands/job",
+        "jobs/s over the plain loop's",
+    ]);
     for in_flight in [1usize, 16, 64] {
-        let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); 2];
+        // Per consumer: jobs per second and commands per job, one of each per round.
+        let mut results: Vec<(Consumer, Vec<f64>, Vec<f64>)> = CONSUMERS
+            .iter()
+            .map(|&consumer| (consumer, Vec::new(), Vec::new()))
+            .collect();
         // Interleaved, so a noisy neighbour hurts both consumers alike.
         for n in 0..ROUNDS {
-            for (i, kind) in ["plain", "worker"].into_iter().enumerate() {
-                let (rate, per_job) = round(&rt, &server, kind, in_flight, n);
-                results[i].0.push(rate);
-                results[i].1.push(per_job);
+            for (consumer, rates, per_job) in &mut results {
+                let (rate, commands) = round(&rt, &server, *consumer, in_flight, n);
+                rates.push(rate);
+                per_job.push(commands);
             }
         }
-        for (i, kind) in ["plain", "worker"].into_iter().enumerate() {
-            let (rates, per_job) = results[i].clone();
-            println!(
-                "{in_flight:>9} {kind:>8} {:>12.0} {:>14.2}",
-                median(rates),
-                median(per_job)
-            );
+        let plain = results
+            .iter()
+            .find(|(consumer, ..)| matches!(consumer, Consumer::Plain))
+            .map(|(_, rates, _)| median(rates.iter().copied()))
+            .expect("the plain loop is one of the consumers");
+        for (consumer, rates, per_job) in results {
+            let rate = median(rates);
+            table.row(&[
+                in_flight.to_string(),
+                consumer.name().to_owned(),
+                format!("{rate:.0}"),
+                format!("{:.2}", median(per_job)),
+                format!("{:.2}", rate / plain),
+            ]);
         }
     }
 }

@@ -1,0 +1,36 @@
+//! Where the time went: CPU time per thread group, and `redis-server`'s.
+
+use tower_once_test_support::redis::RedisServer;
+
+/// CPU time (ns) spent so far by this process's threads whose name starts with `prefix`, from
+/// `/proc/self/task/*/schedstat`; `None` where that is not available (not Linux).
+pub(crate) fn thread_cpu_ns(prefix: &str) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let Ok(name) = std::fs::read_to_string(dir.join("comm")) else {
+            continue; // the thread ended meanwhile
+        };
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// `redis-server`'s CPU time so far (user + system, µs), from `INFO cpu`.
+pub(crate) fn redis_cpu_us(redis: &RedisServer) -> Option<f64> {
+    let info = redis.cli(&["INFO", "cpu"]);
+    let field = |name: &str| -> Option<f64> {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((field("used_cpu_user")? + field("used_cpu_sys")?) * 1e6)
+}
