@@ -24,13 +24,16 @@ pub(crate) struct Charge {
     pub(crate) tenant: String,
 }
 
-/// Every charge made, in order: the effect that must happen once per key. In memory, or in
-/// Redis so that every server process shares one ledger.
+/// Every charge made, in order: the effect that must happen once per key. In memory, in Redis
+/// so that every server process shares one ledger, or in Postgres, where each charge commits
+/// in one transaction with its idempotency record.
 #[derive(Clone)]
 pub(crate) enum Ledger {
     Memory(Arc<Mutex<Vec<Charge>>>),
     #[cfg(feature = "redis")]
     Redis(tower_once::idempotency::store::redis::ConnectionManager),
+    #[cfg(feature = "postgres")]
+    Postgres(tower_once::idempotency::store::postgres::PostgresStore),
 }
 
 #[cfg(feature = "redis")]
@@ -62,6 +65,9 @@ impl Ledger {
                 charges.push(charge.clone());
                 Ok(charge)
             }
+            // Charges are recorded in the handler's transaction (`create_charge_in_transaction`).
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Err("the Postgres ledger records in a transaction".to_owned()),
             #[cfg(feature = "redis")]
             Self::Redis(connection) => {
                 use tower_once::idempotency::store::redis::redis::AsyncCommands;
@@ -103,8 +109,51 @@ impl Ledger {
                     .map(|e| serde_json::from_str(e).map_err(|e| e.to_string()))
                     .collect()
             }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => {
+                use tower_once::idempotency::store::postgres::sqlx;
+                let rows: Vec<(i64, String, i64, String)> =
+                    sqlx::query_as("SELECT id, order_id, amount, tenant FROM charges ORDER BY id")
+                        .fetch_all(store.pool())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(id, order_id, amount, tenant)| Charge {
+                        charge_id: format!("ch_{id:06}"),
+                        order_id,
+                        amount: u64::try_from(amount).unwrap_or(0),
+                        tenant,
+                    })
+                    .collect())
+            }
         }
     }
+}
+
+/// The Postgres ledger: the `charges` table beside the store's records, both created (once,
+/// under an advisory lock, whichever process starts first) if missing.
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres_ledger(url: &str) -> Result<Ledger, String> {
+    use tower_once::idempotency::store::postgres::{sqlx, PostgresStore};
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect(url)
+        .await
+        .map_err(|e| format!("--postgres {url}: {e}"))?;
+    let store = PostgresStore::new(pool);
+    store.migrate().await.map_err(|e| e.to_string())?;
+    sqlx::raw_sql(
+        "SELECT pg_advisory_xact_lock(4242002); \
+         CREATE TABLE IF NOT EXISTS charges ( \
+           id bigserial PRIMARY KEY, order_id text NOT NULL, amount int8 NOT NULL, \
+           tenant text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(store.pool())
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Ledger::Postgres(store))
 }
 
 #[derive(Deserialize)]
@@ -115,9 +164,17 @@ struct ChargeRequest {
 
 #[derive(Deserialize)]
 struct Knobs {
+    /// Wait before the charge.
     delay_ms: Option<u64>,
+    /// Answer this 5xx instead of charging.
     fail: Option<u16>,
 }
+
+/// Postgres ledger, for crash tests: how long to wait after the charge and its record are
+/// written, before the commit. A header, so that a retry without it is the same request.
+const COMMIT_DELAY_HEADER: &str = "x-commit-delay-ms";
+/// Postgres ledger, for crash tests: how long to wait after the commit, before answering.
+const RESPOND_DELAY_HEADER: &str = "x-respond-delay-ms";
 
 const TENANT_HEADER: &str = "x-tenant-id";
 const ANONYMOUS: &str = "anonymous";
@@ -141,12 +198,59 @@ pub(crate) fn router_and_detached<St: IdempotencyStore>(
         // calls them "anonymous"); a real API refuses them (`HeaderScope::new` alone).
         .scope(HeaderScope::new(TENANT_HEADER).allow_missing());
     let detached = idempotency.detached();
+    let charge = match ledger {
+        #[cfg(feature = "postgres")]
+        Ledger::Postgres(_) => post(create_charge_in_transaction),
+        _ => post(create_charge),
+    };
     let router = Router::new()
-        .route("/charges", post(create_charge).get(list_charges))
+        .route("/charges", charge.get(list_charges))
         .with_state(ledger)
         .layer(idempotency)
         .layer(middleware::from_fn(log_request));
     (router, detached)
+}
+
+/// A valid charge request: order, amount, tenant.
+struct Order {
+    order_id: String,
+    amount: u64,
+    tenant: String,
+}
+
+/// Applies the knobs that come before the charge and reads the request, or answers for it.
+async fn order(knobs: &Knobs, headers: &HeaderMap, body: &[u8]) -> Result<Order, Response> {
+    if let Some(ms) = knobs.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(code) = knobs.fail {
+        return Err(match StatusCode::from_u16(code) {
+            Ok(status) if status.is_server_error() => (
+                status,
+                Json(serde_json::json!({"error": "failure requested"})),
+            )
+                .into_response(),
+            _ => bad_request("fail must be a 5xx status code"),
+        });
+    }
+    let request: ChargeRequest = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(e) => return Err(bad_request(&format!("invalid JSON body: {e}"))),
+    };
+    let amount = match u64::try_from(request.amount) {
+        Ok(amount) if amount > 0 && i64::try_from(amount).is_ok() => amount,
+        _ => return Err(bad_request("amount must be a positive integer")),
+    };
+    let tenant = headers
+        .get(TENANT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(ANONYMOUS)
+        .to_owned();
+    Ok(Order {
+        order_id: request.order_id,
+        amount,
+        tenant,
+    })
 }
 
 async fn create_charge(
@@ -155,39 +259,75 @@ async fn create_charge(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(ms) = knobs.delay_ms {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    if let Some(code) = knobs.fail {
-        return match StatusCode::from_u16(code) {
-            Ok(status) if status.is_server_error() => (
-                status,
-                Json(serde_json::json!({"error": "failure requested"})),
-            )
-                .into_response(),
-            _ => bad_request("fail must be a 5xx status code"),
-        };
-    }
-    let request: ChargeRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+    let order = match order(&knobs, &headers, &body).await {
+        Ok(order) => order,
+        Err(answer) => return answer,
     };
-    let Ok(amount) = u64::try_from(request.amount) else {
-        return bad_request("amount must be a positive integer");
-    };
-    if amount == 0 {
-        return bad_request("amount must be a positive integer");
-    }
-    let tenant = headers
-        .get(TENANT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or(ANONYMOUS)
-        .to_owned();
-    match ledger.record(request.order_id, amount, tenant).await {
+    match ledger
+        .record(order.order_id, order.amount, order.tenant)
+        .await
+    {
         Ok(charge) => (StatusCode::CREATED, Json(charge)).into_response(),
         // A 5xx releases the idempotency key, so the client's retry charges again.
         Err(e) => unavailable(&e),
     }
+}
+
+/// Sleeps for the milliseconds `header` asks for, if any.
+#[cfg(feature = "postgres")]
+async fn wait_for(headers: &HeaderMap, header: &str) {
+    let ms = headers
+        .get(header)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    if let Some(ms) = ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+/// The charge and its idempotency record in one transaction: both commit, or neither.
+#[cfg(feature = "postgres")]
+async fn create_charge_in_transaction(
+    claim: tower_once::idempotency::Claim<tower_once::idempotency::store::postgres::PostgresStore>,
+    Query(knobs): Query<Knobs>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    use tower_once::idempotency::store::postgres::sqlx;
+    let order = match order(&knobs, &headers, &body).await {
+        Ok(order) => order,
+        Err(answer) => return answer,
+    };
+    let charged = async {
+        let fail = |e: sqlx::Error| unavailable(&e.to_string());
+        let mut tx = claim.store().pool().begin().await.map_err(fail)?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO charges (order_id, amount, tenant) VALUES ($1, $2, $3) RETURNING id",
+        )
+        .bind(&order.order_id)
+        .bind(i64::try_from(order.amount).unwrap_or(i64::MAX))
+        .bind(&order.tenant)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(fail)?;
+        let charge = Charge {
+            charge_id: format!("ch_{id:06}"),
+            order_id: order.order_id,
+            amount: order.amount,
+            tenant: order.tenant,
+        };
+        // A lost claim (this request outlived its lease and a retry took the key) answers
+        // 409 and rolls back: the retry's charge is the one.
+        let response = claim
+            .respond_in(&mut tx, (StatusCode::CREATED, Json(charge)))
+            .await
+            .map_err(IntoResponse::into_response)?;
+        wait_for(&headers, COMMIT_DELAY_HEADER).await;
+        tx.commit().await.map_err(fail)?;
+        wait_for(&headers, RESPOND_DELAY_HEADER).await;
+        Ok::<_, Response>(response)
+    };
+    charged.await.unwrap_or_else(|answer| answer)
 }
 
 async fn list_charges(State(ledger): State<Ledger>) -> Response {

@@ -1,7 +1,7 @@
 //! The demo charge server: `POST /charges` runs once per `Idempotency-Key`.
 //!
 //! ```sh
-//! cargo run --example server -- [--addr 127.0.0.1:3000] [--lease-ms 10000] [--redis URL]
+//! cargo run --example server -- [--addr 127.0.0.1:3000] [--lease-ms 10000] [--redis URL | --postgres URL]
 //! curl -si localhost:3000/charges -H 'Idempotency-Key: order-1' \
 //!      -d '{"order_id":"A","amount":500}'
 //! ```
@@ -17,6 +17,7 @@ struct Args {
     addr: SocketAddr,
     lease: Duration,
     redis: Option<String>,
+    postgres: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -24,6 +25,7 @@ fn parse_args() -> Result<Args, String> {
         addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
         lease: Duration::from_secs(10),
         redis: None,
+        postgres: None,
     };
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
@@ -38,14 +40,20 @@ fn parse_args() -> Result<Args, String> {
                 args.lease = Duration::from_millis(ms);
             }
             "--redis" => args.redis = Some(value()?),
-            "-h" | "--help" => {
-                return Err("usage: server [--addr ADDR] [--lease-ms N] [--redis URL]".into())
-            }
+            "--postgres" => args.postgres = Some(value()?),
+            "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    if args.redis.is_some() && args.postgres.is_some() {
+        return Err(format!(
+            "--redis and --postgres are two stores: pick one\n{USAGE}"
+        ));
+    }
     Ok(args)
 }
+
+const USAGE: &str = "usage: server [--addr ADDR] [--lease-ms N] [--redis URL | --postgres URL]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -66,18 +74,22 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (app, store) = match &args.redis {
-        None => (
+    let built = match (&args.redis, &args.postgres) {
+        (Some(url), _) => redis_app(url, args.lease).await.map(|app| (app, "redis")),
+        (None, Some(url)) => postgres_app(url, args.lease)
+            .await
+            .map(|app| (app, "postgres")),
+        (None, None) => Ok((
             app::router_and_detached(MemoryStore::new(), args.lease, app::Ledger::memory()),
             "memory",
-        ),
-        Some(url) => match redis_app(url, args.lease).await {
-            Ok(app) => (app, "redis"),
-            Err(message) => {
-                eprintln!("{message}");
-                return ExitCode::from(2);
-            }
-        },
+        )),
+    };
+    let (app, store) = match built {
+        Ok(built) => built,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
     };
     let listener = match tokio::net::TcpListener::bind(args.addr).await {
         Ok(listener) => listener,
@@ -123,4 +135,25 @@ async fn redis_app(
     _lease: Duration,
 ) -> Result<(axum::Router, tower_once::idempotency::Detached), String> {
     Err("--redis needs the redis feature: cargo run --example server --features redis -- --redis URL".into())
+}
+
+/// The router on a Postgres store and a Postgres ledger: each charge commits with its record.
+#[cfg(feature = "postgres")]
+async fn postgres_app(
+    url: &str,
+    lease: Duration,
+) -> Result<(axum::Router, tower_once::idempotency::Detached), String> {
+    let ledger = app::postgres_ledger(url).await?;
+    let app::Ledger::Postgres(store) = ledger.clone() else {
+        return Err("a Postgres ledger".into());
+    };
+    Ok(app::router_and_detached(store, lease, ledger))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_app(
+    _url: &str,
+    _lease: Duration,
+) -> Result<(axum::Router, tower_once::idempotency::Detached), String> {
+    Err("--postgres needs the postgres feature: cargo run --example server --features postgres -- --postgres URL".into())
 }

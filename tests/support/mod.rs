@@ -14,7 +14,7 @@ use tower_once_test_support::ports::{free_port, wait_for_port};
 
 /// An example binary (`examples/<name>`), which `cargo test` builds beside the tests.
 pub(crate) fn example_binary(name: &str) -> PathBuf {
-    example_binary_with(name, "redis retry")
+    example_binary_with(name, "redis retry postgres")
 }
 
 /// [`example_binary`] for an example that needs other features to build.
@@ -53,6 +53,17 @@ impl DemoServer {
 
     pub(crate) fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) with `kill`.
+    pub(crate) fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -{signal}");
+        }
     }
 
     /// SIGKILL: the process dies mid-request, with no chance to release anything.
