@@ -87,13 +87,18 @@
 //!
 //! Storing the response is a separate write after the handler: if that write fails, duplicates
 //! get `409` until the lease expires and then run again. Nothing in a middleware can close that
-//! window; a handler that writes its effect and the record in one transaction can.
+//! window; a handler that writes its effect and the record in one transaction can: with the
+//! Postgres store (feature `postgres`) it takes its [`Claim`] and stores its response with
+//! [`respond_in`](Claim::respond_in) in its own transaction, fenced by the claim, so both commit
+//! or neither, and a stale owner's effect never commits.
 //!
 //! # Stores
 //!
 //! [`MemoryStore`](store::MemoryStore) (the default) is bounded, expires by TTL and serves one
 //! process. Several replicas share keys through `RedisStore` (feature `redis`), on Redis or Redis
-//! Cluster (it uses only commands Valkey shares, but is not tested on Valkey). Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
+//! Cluster (it uses only commands Valkey shares, but is not tested on Valkey), or through
+//! `PostgresStore` (feature `postgres`), one table in your database, whose records a handler
+//! can commit with its own writes. Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
 //! contract and a conformance suite are in [`store`].
 //!
 //! # Observability
@@ -118,6 +123,7 @@
 //! | feature       | enables |
 //! |---------------|---------|
 //! | `redis`       | `store::redis`: `RedisStore` for Redis and Redis Cluster |
+//! | `postgres`    | `store::postgres`: `PostgresStore`, and [`Claim::respond_in`] to complete a claim in the handler's transaction |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
 //! | `metrics`     | `tower_once_idempotency_requests_total{outcome}`, one per covered request, through the `metrics` facade |
 //! | `axum`        | nothing any more: records always follow axum's `OriginalUri`; kept so that manifests naming it build |

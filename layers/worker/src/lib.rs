@@ -83,8 +83,12 @@
 //!   `max_deliveries`: a failing job may run one time fewer before it is dead-lettered.
 //! - A Redis frozen for longer than `claim_idle` can, when it resumes, let another worker take
 //!   over a job that is still running (its idle time and the run-once lease kept running during
-//!   the freeze): the effect may then happen twice, run-once or not.
-//! - Run-once cannot cover a crash between the effect and its "done" record: use an outbox.
+//!   the freeze): with run-once on Redis the effect may then happen twice. A handler that
+//!   completes its run-once record in its own Postgres transaction
+//!   ([`RunOnceLayer`] on the Postgres store) finds its claim lost when it resumes and rolls
+//!   back instead.
+//! - On the memory or Redis store, run-once cannot cover a crash between the effect and its
+//!   "done" record; on the Postgres store the handler commits both together.
 //!
 //! # Feature flags
 //!

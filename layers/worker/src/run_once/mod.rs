@@ -15,12 +15,37 @@
 //! keeps it and a dead worker's claim expires within one lease. The record is kept for the
 //! retention period (default 24 h): a duplicate arriving later runs again.
 //!
-//! # What it cannot do
+//! # Run-once in the job's transaction
 //!
-//! The effect and the "done" record are two writes. A worker that dies between them leaves
-//! the claim in progress; once its lease expires the job runs again. Where that window
-//! matters, make the effect itself idempotent (write it, keyed by the job id, in the same
-//! transaction as your data: the outbox pattern).
+//! On most stores the effect and the "done" record are two writes: a worker that dies between
+//! them leaves the claim in progress, and once its lease expires the job runs again. On a store
+//! whose records live in the handler's database (the Postgres store of
+//! `tower-once-idempotency`, feature `postgres`), the layer puts a
+//! [`Claim`](tower_once_idempotency::Claim) in the job's extensions, and the handler records
+//! the job as done in the transaction that writes its effects (and its outbox rows); the layer
+//! then records nothing more. The completion is fenced by the claim's token: a worker that
+//! stalled past its lease (SIGSTOP, a frozen Redis, a long pause) and whose job another worker
+//! took over finds its claim lost ([`ClaimError::is_lost`](tower_once_idempotency::ClaimError::is_lost))
+//! and must not commit, so the effect commits once.
+//!
+//! ```no_run
+//! use tower_once_idempotency::store::postgres::PostgresStore;
+//! use tower_once_idempotency::Claim;
+//! use tower_once_worker::{Job, JobError};
+//!
+//! async fn handle(job: Job) -> Result<(), JobError> {
+//!     let claim = job.extensions().get::<Claim<PostgresStore>>().cloned()
+//!         .ok_or_else(|| JobError::permanent("not under RunOnceLayer on Postgres"))?;
+//!     let mut tx = claim.store().pool().begin().await.map_err(JobError::transient)?;
+//!     claim.complete_in(&mut tx).await.map_err(JobError::transient)?; // fenced: first
+//!     // ... the job's effects and outbox rows, on &mut *tx ...
+//!     tx.commit().await.map_err(JobError::transient)?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! What remains: effects outside that database (an email, another API) are not in the
+//! transaction; write them as outbox rows in it, and let the relay send them.
 
 mod error;
 mod future;
