@@ -172,8 +172,10 @@ struct Knobs {
 
 /// Postgres ledger, for crash tests: how long to wait after the charge and its record are
 /// written, before the commit. A header, so that a retry without it is the same request.
+#[cfg(feature = "postgres")]
 const COMMIT_DELAY_HEADER: &str = "x-commit-delay-ms";
 /// Postgres ledger, for crash tests: how long to wait after the commit, before answering.
+#[cfg(feature = "postgres")]
 const RESPOND_DELAY_HEADER: &str = "x-respond-delay-ms";
 
 const TENANT_HEADER: &str = "x-tenant-id";
