@@ -5,6 +5,10 @@
 //! schema is made in the database `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`). `.ci/test` sets both up.
 
+mod server;
+
+pub use self::server::PostgresServer;
+
 use std::process::Command;
 
 /// The server databases are created on: `PG_URL`, default `postgres://postgres@127.0.0.1:5432`.

@@ -1,0 +1,85 @@
+//! `PostgresStore` across a restart of the database (README "Choosing a store" and the store's
+//! docs: while Postgres is down the layer answers `503` without running handlers; the pool
+//! replaces its connections, so requests succeed again once it is back, with no restart of
+//! the service; committed records survive). The database is a cluster of the test's own,
+//! stopped in immediate mode, as a crash.
+#![cfg(feature = "postgres")]
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+use tower_once_idempotency::store::postgres::PostgresStore;
+use tower_once_idempotency::IdempotencyLayer;
+use tower_once_test_support::postgres::PostgresServer;
+
+fn keyed(key: &str) -> Request<Body> {
+    Request::post("/charges")
+        .header("idempotency-key", key)
+        .body(Body::from("{\"amount\":5}"))
+        .unwrap()
+}
+
+async fn status(router: &Router, key: &str) -> (StatusCode, bool) {
+    let response = router.clone().oneshot(keyed(key)).await.unwrap();
+    (
+        response.status(),
+        response.headers().contains_key("idempotent-replayed"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_answers_503_then_recovers_with_its_records() {
+    let mut server = PostgresServer::start();
+    let store = PostgresStore::connect(&server.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let router = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                counter.fetch_add(1, SeqCst);
+                async { (StatusCode::CREATED, "charged") }
+            }),
+        )
+        .layer(IdempotencyLayer::with_store(store));
+
+    assert_eq!(
+        status(&router, "before").await,
+        (StatusCode::CREATED, false)
+    );
+    server.stop();
+    for key in ["before", "during"] {
+        assert_eq!(
+            status(&router, key).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    assert_eq!(runs.load(SeqCst), 1, "no handler ran without a claim");
+
+    server.restart();
+    let started = Instant::now();
+    loop {
+        match status(&router, "after").await {
+            (StatusCode::CREATED, false) => break,
+            (StatusCode::SERVICE_UNAVAILABLE, _) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status(&router, "before").await,
+        (StatusCode::CREATED, true),
+        "the record survived"
+    );
+    assert_eq!(runs.load(SeqCst), 2);
+}
