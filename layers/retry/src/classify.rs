@@ -10,7 +10,9 @@
 //! | outcome | action |
 //! |---|---|
 //! | `Err(_)` (transport, connect, [`Elapsed`](tower_once_timeout::Elapsed)) | retry |
-//! | 408, 429, 500, 502, 503, 504 | retry, after `Retry-After` if sent |
+//! | `x-should-retry: false` on a non-2xx/3xx answer (the LLM providers' convention) | stop |
+//! | `x-should-retry: true` on a non-2xx/3xx answer | retry, after the server's delay if sent |
+//! | 408, 429, 500, 502, 503, 504, 529 (provider overloaded) | retry, after the server's delay if sent: `retry-after-ms` (milliseconds), else `Retry-After` |
 //! | 409 with `Retry-After` or `Idempotency-In-Progress: true` (an idempotency server: "still in progress") | in progress: ask again after it |
 //! | `grpc-status` 14 `UNAVAILABLE` with `idempotency-in-progress: true` | in progress: ask again after `grpc-retry-pushback-ms` |
 //! | `grpc-status` 14 `UNAVAILABLE` or 8 `RESOURCE_EXHAUSTED` | retry, after `grpc-retry-pushback-ms` if sent; a negative or malformed pushback stops |
@@ -170,23 +172,68 @@ impl<B, E> Classify<Response<B>, E> for HttpClassifier {
             };
         }
         let status = response.status();
+        if status.is_success() || status.is_informational() || status.is_redirection() {
+            return Action::Success;
+        }
+        match should_retry(headers) {
+            Some(false) => return Action::Stop,
+            Some(true) if !says_in_progress(headers) => {
+                return Action::Retry {
+                    after: server_delay(headers),
+                }
+            }
+            _ => {}
+        }
         match status {
             StatusCode::REQUEST_TIMEOUT
             | StatusCode::TOO_MANY_REQUESTS
             | StatusCode::INTERNAL_SERVER_ERROR
             | StatusCode::BAD_GATEWAY
             | StatusCode::SERVICE_UNAVAILABLE
-            | StatusCode::GATEWAY_TIMEOUT => Action::Retry {
-                after: retry_after(headers, SystemTime::now()),
+            | StatusCode::GATEWAY_TIMEOUT
+            | OVERLOADED => Action::Retry {
+                after: server_delay(headers),
             },
-            StatusCode::CONFLICT => match retry_after(headers, SystemTime::now()) {
+            StatusCode::CONFLICT => match server_delay(headers) {
                 Some(after) => Action::InProgress { after: Some(after) },
                 None if says_in_progress(headers) => Action::InProgress { after: None },
                 None => Action::Stop,
             },
-            s if s.is_success() || s.is_informational() || s.is_redirection() => Action::Success,
             _ => Action::Stop,
         }
+    }
+}
+
+/// `529`: the provider is overloaded (Anthropic's API; some proxies use it too).
+const OVERLOADED: StatusCode = match StatusCode::from_u16(529) {
+    Ok(status) => status,
+    Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+};
+
+/// `x-should-retry: true|false`, which the LLM providers' SDKs obey over the status.
+fn should_retry(headers: &HeaderMap) -> Option<bool> {
+    let value = headers.get("x-should-retry")?.as_bytes();
+    if value.eq_ignore_ascii_case(b"true") {
+        Some(true)
+    } else if value.eq_ignore_ascii_case(b"false") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// The delay the server asked for: `retry-after-ms` (milliseconds, fractions allowed, as the
+/// LLM providers send it) when valid, else `Retry-After`.
+fn server_delay(headers: &HeaderMap) -> Option<Duration> {
+    let ms = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0);
+    match ms {
+        // Absurdly long values saturate; the caller caps the wait anyway.
+        Some(ms) => Some(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX)),
+        None => retry_after(headers, SystemTime::now()),
     }
 }
 

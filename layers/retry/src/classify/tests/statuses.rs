@@ -111,3 +111,53 @@ fn grpc_statuses_and_pushback() {
     );
     assert_eq!(pushback("abc"), Action::Stop);
 }
+
+#[test]
+fn llm_provider_conventions() {
+    // 529: the provider is overloaded (Anthropic's API), a retry like 503.
+    assert_eq!(classify(529, &[]), Action::Retry { after: None });
+    // `retry-after-ms` (milliseconds, fractions allowed) is preferred over `Retry-After`.
+    assert_eq!(
+        classify(429, &[("retry-after-ms", "1500"), ("retry-after", "9")]),
+        Action::Retry {
+            after: Some(Duration::from_millis(1500))
+        }
+    );
+    assert_eq!(
+        classify(529, &[("retry-after-ms", "250.5")]),
+        Action::Retry {
+            after: Some(Duration::from_micros(250_500))
+        }
+    );
+    // A malformed or negative one falls back to `Retry-After`, then to the backoff.
+    assert_eq!(
+        classify(503, &[("retry-after-ms", "-5"), ("retry-after", "2")]),
+        Action::Retry {
+            after: Some(Duration::from_secs(2))
+        }
+    );
+    assert_eq!(
+        classify(503, &[("retry-after-ms", "soon")]),
+        Action::Retry { after: None }
+    );
+    // `x-should-retry` overrides the status for failures, never for successes.
+    assert_eq!(classify(500, &[("x-should-retry", "false")]), Action::Stop);
+    assert_eq!(
+        classify(400, &[("x-should-retry", "true")]),
+        Action::Retry { after: None }
+    );
+    assert_eq!(
+        classify(409, &[("x-should-retry", "true"), ("retry-after-ms", "20")]),
+        Action::Retry {
+            after: Some(Duration::from_millis(20))
+        }
+    );
+    assert_eq!(
+        classify(200, &[("x-should-retry", "true")]),
+        Action::Success
+    );
+    assert_eq!(
+        classify(503, &[("x-should-retry", "maybe")]),
+        Action::Retry { after: None }
+    );
+}
