@@ -11,7 +11,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use http_body_util::BodyExt;
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -20,7 +19,9 @@ use tower::ServiceExt;
 use tower_once_idempotency::store::postgres::PostgresStore;
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::{Claim, IdempotencyLayer};
-use tower_once_test_support::postgres::{database_url, Schema};
+use tower_once_test_support::postgres::Schema;
+
+mod support;
 
 struct Fixture {
     schema: Schema,
@@ -30,15 +31,7 @@ struct Fixture {
 impl Fixture {
     async fn new() -> Self {
         let schema = Schema::create();
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&database_url())
-            .await
-            .unwrap();
-        let store = PostgresStore::new(pool)
-            .table(&format!("{}.idem", schema.name))
-            .unwrap();
-        store.migrate().await.unwrap();
+        let store = support::postgres_store(&schema).await;
         sqlx::query(&format!(
             "CREATE TABLE {}.charges (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
             schema.name

@@ -23,18 +23,9 @@ use tower_once_test_support::postgres::{database_url, Schema};
 /// Leases short enough for a real clock, long enough for a loaded 2-core machine.
 const LEASE: Duration = Duration::from_millis(400);
 
-async fn store_in(schema: &Schema) -> PostgresStore {
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url())
-        .await
-        .unwrap();
-    let store = PostgresStore::new(pool)
-        .table(&format!("{}.idem", schema.name))
-        .unwrap();
-    store.migrate().await.unwrap();
-    store
-}
+mod support;
+
+use support::postgres_store as store_in;
 
 type Handler = tower::util::BoxCloneSyncService<
     Request<RequestBody<Full<Bytes>>>,

@@ -1,8 +1,9 @@
 //! What a store holds and answers: claim outcomes, record states, stored responses.
 
 use crate::fingerprint::Fingerprint;
+use crate::store::StoreError;
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use std::time::Duration;
 
 /// What [`IdempotencyStore::claim`](super::IdempotencyStore::claim) found.
@@ -102,4 +103,21 @@ impl StoredResponse {
         }
         64 + map_size(&self.headers) + self.body.len() + self.trailers.as_ref().map_or(0, map_size)
     }
+}
+
+/// A header map rebuilt from stored name/value pairs, in order, repeats kept: the one decoder
+/// of every store that keeps headers as pairs. A name or value that is not a valid header is
+/// a corrupt record, never a panic.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+pub(crate) fn header_map<'a>(
+    pairs: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
+) -> Result<HeaderMap, StoreError> {
+    let mut headers = HeaderMap::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        headers.append(
+            HeaderName::from_bytes(name).map_err(StoreError::corrupt)?,
+            HeaderValue::from_bytes(value).map_err(StoreError::corrupt)?,
+        );
+    }
+    Ok(headers)
 }

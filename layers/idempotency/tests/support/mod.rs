@@ -97,3 +97,22 @@ pub(crate) async fn serve(app: axum::Router) -> std::net::SocketAddr {
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
 }
+
+/// A `PostgresStore` on the table `<schema>.idem`, migrated, on a pool of 8 connections to
+/// the machine's Postgres.
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres_store(
+    schema: &tower_once_test_support::postgres::Schema,
+) -> tower_once_idempotency::store::postgres::PostgresStore {
+    use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&tower_once_test_support::postgres::database_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .table(&format!("{}.idem", schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+}

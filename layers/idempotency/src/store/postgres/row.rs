@@ -2,9 +2,10 @@
 //! function's row decoded without trusting it.
 
 use crate::fingerprint::Fingerprint;
+use crate::store::record::header_map;
 use crate::store::{ClaimOutcome, ExistingRecord, RecordState, StoreError, StoredResponse};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::time::Duration;
@@ -21,14 +22,12 @@ fn headers_from(names: Vec<String>, values: Vec<Vec<u8>>) -> Result<HeaderMap, S
     if names.len() != values.len() {
         return Err(corrupt("header names and values differ in number"));
     }
-    let mut headers = HeaderMap::with_capacity(names.len());
-    for (name, value) in names.into_iter().zip(values) {
-        headers.append(
-            HeaderName::from_bytes(name.as_bytes()).map_err(StoreError::corrupt)?,
-            HeaderValue::from_bytes(&value).map_err(StoreError::corrupt)?,
-        );
-    }
-    Ok(headers)
+    header_map(
+        names
+            .iter()
+            .map(String::as_bytes)
+            .zip(values.iter().map(Vec::as_slice)),
+    )
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -95,6 +94,7 @@ pub(super) fn decode_claim(row: &PgRow) -> Result<ClaimOutcome, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn headers_keep_their_order_and_repeats() {

@@ -1,9 +1,10 @@
 //! Encoding stored headers, and decoding the scripts' replies without trusting them.
 
 use crate::fingerprint::Fingerprint;
+use crate::store::record::header_map;
 use crate::store::{ClaimOutcome, ExistingRecord, RecordState, StoreError, StoredResponse};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use redis::Value;
 use std::time::Duration;
 
@@ -17,14 +18,11 @@ pub(super) fn encode_headers(headers: &HeaderMap) -> Result<Vec<u8>, StoreError>
 
 pub(super) fn decode_headers(bytes: &[u8]) -> Result<HeaderMap, StoreError> {
     let pairs: Vec<(&str, &[u8])> = postcard::from_bytes(bytes).map_err(StoreError::corrupt)?;
-    let mut headers = HeaderMap::with_capacity(pairs.len());
-    for (name, value) in pairs {
-        headers.append(
-            HeaderName::from_bytes(name.as_bytes()).map_err(StoreError::corrupt)?,
-            HeaderValue::from_bytes(value).map_err(StoreError::corrupt)?,
-        );
-    }
-    Ok(headers)
+    header_map(
+        pairs
+            .into_iter()
+            .map(|(name, value)| (name.as_bytes(), value)),
+    )
 }
 
 pub(super) fn corrupt(what: &str) -> StoreError {
@@ -102,6 +100,7 @@ pub(super) fn decode_claim(value: Value) -> Result<ClaimOutcome, StoreError> {
 mod tests {
     use super::*;
     use crate::store::redis::millis;
+    use http::HeaderValue;
 
     #[test]
     fn headers_round_trip_with_repeats_and_binary_values() {
