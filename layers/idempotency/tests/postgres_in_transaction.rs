@@ -387,3 +387,90 @@ async fn the_extractor_refuses_clearly_without_a_claim_and_is_optional() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "claim: false");
 }
+
+/// The Postgres store with its completion failing, as an outage right after the handler would.
+#[derive(Clone)]
+struct CompletionFails(PostgresStore);
+
+impl tower_once_idempotency::store::IdempotencyStore for CompletionFails {
+    type ClaimFuture =
+        <PostgresStore as tower_once_idempotency::store::IdempotencyStore>::ClaimFuture;
+    type CompleteFuture =
+        std::future::Ready<Result<bool, tower_once_idempotency::store::StoreError>>;
+    type ReleaseFuture =
+        <PostgresStore as tower_once_idempotency::store::IdempotencyStore>::ReleaseFuture;
+    type ExtendFuture =
+        <PostgresStore as tower_once_idempotency::store::IdempotencyStore>::ExtendFuture;
+
+    fn claim(
+        &self,
+        key: tower_once_idempotency::store::StoreKey,
+        token: tower_once_idempotency::ClaimToken,
+        fingerprint: tower_once_idempotency::fingerprint::Fingerprint,
+        lease: Duration,
+    ) -> Self::ClaimFuture {
+        self.0.claim(key, token, fingerprint, lease)
+    }
+
+    fn complete(
+        &self,
+        _: tower_once_idempotency::store::StoreKey,
+        _: tower_once_idempotency::ClaimToken,
+        _: tower_once_idempotency::store::Completion,
+        _: Duration,
+    ) -> Self::CompleteFuture {
+        let outage = std::io::Error::other("connection reset");
+        std::future::ready(Err(tower_once_idempotency::store::StoreError::unavailable(
+            outage,
+        )))
+    }
+
+    fn release(
+        &self,
+        key: tower_once_idempotency::store::StoreKey,
+        token: tower_once_idempotency::ClaimToken,
+    ) -> Self::ReleaseFuture {
+        self.0.release(key, token)
+    }
+
+    fn extend(
+        &self,
+        key: tower_once_idempotency::store::StoreKey,
+        token: tower_once_idempotency::ClaimToken,
+        lease: Duration,
+    ) -> Self::ExtendFuture {
+        self.0.extend(key, token, lease)
+    }
+}
+
+#[tokio::test]
+async fn for_comparison_when_the_layer_writes_the_record_an_outage_after_the_handler_charges_twice()
+{
+    // The window the in-transaction completion closes: the handler commits its charge, the
+    // layer's own write of the record fails, and once the lease ends the retry runs again.
+    let fixture = Fixture::new().await;
+    let schema = fixture.schema.name.clone();
+    let pool = fixture.pool().clone();
+    let charge = move || {
+        let (schema, pool) = (schema.clone(), pool.clone());
+        async move {
+            sqlx::query(&format!("INSERT INTO {schema}.charges (amount) VALUES (5)"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            (StatusCode::CREATED, "charged")
+        }
+    };
+    let lease = Duration::from_millis(200);
+    let router = Router::new()
+        .route("/charges", post(charge))
+        .layer(IdempotencyLayer::with_store(CompletionFails(fixture.store.clone())).lease(lease));
+    assert_eq!(send(&router, "pay-5").await.0, StatusCode::CREATED);
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(send(&router, "pay-5").await.0, StatusCode::CREATED);
+    assert_eq!(
+        fixture.charges().await,
+        2,
+        "the documented window of a separate write"
+    );
+}
