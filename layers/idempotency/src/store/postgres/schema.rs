@@ -41,7 +41,7 @@ impl Queries {
             migrate: render_migration(table),
             claim: format!(
                 "SELECT claimed, state, fingerprint, lease_ms, status, header_names, header_values, \
-                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4)",
+                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4, $5)",
                 table.schema_prefix(),
                 table.name()
             ),
