@@ -254,3 +254,127 @@ async fn expired_records_count_as_absent_and_fresh_claims_purge_them() {
         .unwrap();
     assert!(matches!(again, ClaimOutcome::Claimed));
 }
+
+#[tokio::test]
+async fn a_system_schema_is_refused_as_the_tables_schema() {
+    // `pg_temp` would give every pooled connection a private table of its own (two replicas,
+    // or two connections, would each claim the same key); `pg_catalog` and `pg_toast` are not
+    // for user tables. Postgres reserves the `pg_` prefix for system schemas.
+    let pool = PgPoolOptions::new().connect_lazy(&database_url()).unwrap();
+    for bad in [
+        "pg_temp.idem",
+        "pg_catalog.idem",
+        "pg_toast.idem",
+        "pg_temp_3.idem",
+    ] {
+        let refused = PostgresStore::new(pool.clone()).table(bad);
+        assert!(refused.is_err(), "{bad:?} accepted");
+    }
+    assert!(PostgresStore::new(pool).table("app.pg_idem").is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_releases_and_purges_never_give_a_key_two_owners() {
+    let schema = Schema::create();
+    let store = store_in(&schema).await;
+    let fp = Fingerprint::from_bytes([3; 32]);
+    let hot = [StoreKey::from_bytes([1; 32]), StoreKey::from_bytes([2; 32])];
+    let holders: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let wins = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    // Twelve tasks fight over two keys: whoever wins holds the key (a long lease), then
+    // releases it, so the claim function keeps meeting rows deleted between its two reads.
+    for t in 0..12usize {
+        let (store, holders, wins) = (store.clone(), Arc::clone(&holders), Arc::clone(&wins));
+        tasks.spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..60 {
+                let k = t % 2;
+                let token = ClaimToken::new();
+                match store
+                    .claim(hot[k], token, fp, Duration::from_secs(30))
+                    .await
+                {
+                    Ok(ClaimOutcome::Claimed) => {
+                        wins.fetch_add(1, SeqCst);
+                        let before = holders[k].fetch_add(1, SeqCst);
+                        assert_eq!(before, 0, "two owners of one key at once");
+                        tokio::task::yield_now().await;
+                        holders[k].fetch_sub(1, SeqCst);
+                        assert!(
+                            store.release(hot[k], token).await.unwrap(),
+                            "ours to release"
+                        );
+                    }
+                    Ok(ClaimOutcome::Existing(_)) => {}
+                    Err(error) => errors.push(error.to_string()),
+                }
+            }
+            errors
+        });
+    }
+    // Meanwhile: fresh keys on 1 ms leases (each claim purges expired rows), and purges.
+    for t in 0..2u8 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let mut errors = Vec::new();
+            for i in 0..120u8 {
+                let key = StoreKey::from_bytes([
+                    100 + t,
+                    i,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]);
+                if let Err(error) = store
+                    .claim(key, ClaimToken::new(), fp, Duration::from_millis(1))
+                    .await
+                {
+                    errors.push(error.to_string());
+                }
+                if i % 10 == 0 {
+                    if let Err(error) = store.purge_expired(5).await {
+                        errors.push(error.to_string());
+                    }
+                }
+            }
+            errors
+        });
+    }
+    let mut errors = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        errors.extend(done.unwrap());
+    }
+    assert!(
+        errors.is_empty(),
+        "no claim fails under ordinary load: {errors:?}"
+    );
+    assert!(wins.load(SeqCst) >= 2, "both keys were won");
+}
