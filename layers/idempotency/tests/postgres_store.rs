@@ -378,3 +378,77 @@ async fn concurrent_claims_releases_and_purges_never_give_a_key_two_owners() {
     );
     assert!(wins.load(SeqCst) >= 2, "both keys were won");
 }
+
+#[tokio::test]
+async fn purging_expired_records_reads_them_through_the_index_not_the_whole_table() {
+    let schema = Schema::create();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool.clone())
+        .table(&format!("{}.idem", schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let t = store.table_name().to_owned();
+    // 200 000 records, of which the first 100 have expired.
+    sqlx::query(&format!(
+        "INSERT INTO {t} (key, token, state, fingerprint, expires_at, claimed_at, status, body) \
+         SELECT sha256(g::text::bytea), gen_random_uuid(), 'completed', sha256(g::text::bytea), \
+           CASE WHEN g <= 100 THEN now() - interval '1 hour' ELSE now() + interval '1 day' END, \
+           now(), 200, ''::bytea FROM generate_series(1, 200000) g"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE {t}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    // (rows read by sequential scans, index entries read, rows deleted, rows inserted), once
+    // the backend's counters are flushed to where every session reads them.
+    let stats = |pool: sqlx::PgPool, t: String| async move {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query_as::<_, (i64, i64, i64, i64)>(&format!(
+            "SELECT coalesce(seq_tup_read, 0), \
+               (SELECT coalesce(sum(idx_tup_read), 0)::int8 FROM pg_stat_user_indexes \
+                WHERE relid = '{t}'::regclass), n_tup_del, n_tup_ins \
+             FROM pg_stat_user_tables WHERE relid = '{t}'::regclass"
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let mut before = stats(pool.clone(), t.clone()).await;
+    for _ in 0..50 {
+        if before.3 >= 200_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        before = stats(pool.clone(), t.clone()).await;
+    }
+    assert_eq!(before.3, 200_000, "the counters were flushed");
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 100);
+    let mut after = stats(pool.clone(), t.clone()).await;
+    for _ in 0..50 {
+        if after.2 >= before.2 + 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = stats(pool.clone(), t.clone()).await;
+    }
+    assert_eq!(after.2, before.2 + 100, "the counters were flushed");
+    assert_eq!(
+        after.0 - before.0,
+        0,
+        "no sequential scan: {before:?} {after:?}"
+    );
+    assert!(
+        after.1 - before.1 < 1000,
+        "index entries read: only the expired ones and their keys: {before:?} {after:?}"
+    );
+}
