@@ -36,6 +36,17 @@ async fn store_in(schema: &Schema) -> PostgresStore {
     store
 }
 
+/// A pool whose connections are named, so that the test killing the unnamed backends of the
+/// database (`a_killed_backend_and_a_full_pool_answer_503_then_recover`) leaves them alone.
+async fn named_pool(max: u32) -> sqlx::PgPool {
+    let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(options.application_name("tower-once-store-test"))
+        .await
+        .unwrap()
+}
+
 type Handler = tower::util::BoxCloneSyncService<
     Request<RequestBody<Full<Bytes>>>,
     Response<Full<Bytes>>,
@@ -276,7 +287,10 @@ async fn a_system_schema_is_refused_as_the_tables_schema() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_releases_and_purges_never_give_a_key_two_owners() {
     let schema = Schema::create();
-    let store = store_in(&schema).await;
+    let store = PostgresStore::new(named_pool(8).await)
+        .table(&format!("{}.idem", schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
     let fp = Fingerprint::from_bytes([3; 32]);
     let hot = [StoreKey::from_bytes([1; 32]), StoreKey::from_bytes([2; 32])];
     let holders: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
@@ -382,11 +396,7 @@ async fn concurrent_claims_releases_and_purges_never_give_a_key_two_owners() {
 #[tokio::test]
 async fn purging_expired_records_reads_them_through_the_index_not_the_whole_table() {
     let schema = Schema::create();
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .unwrap();
+    let pool = named_pool(1).await;
     let store = PostgresStore::new(pool.clone())
         .table(&format!("{}.idem", schema.name))
         .unwrap();
