@@ -7,7 +7,7 @@ use std::fmt;
 /// A checked table name: `table` or `schema.table`, each part lowercase ASCII letters, digits
 /// and `_`, not starting with a digit, at most 48 bytes (so that names derived from it, such as
 /// `{table}_due` for an index or a function, fit Postgres's 63), and not a word Postgres
-/// reserves.
+/// reserves; the schema not one of Postgres's own (`pg_temp`, `pg_catalog`: any `pg_` name).
 ///
 /// ```
 /// use tower_once_core::table::TableName;
@@ -17,6 +17,7 @@ use std::fmt;
 /// assert_eq!((name.schema(), name.name()), (Some("app"), "mail_out"));
 /// assert!(TableName::parse("user").is_err()); // reserved
 /// assert!(TableName::parse("x; DROP TABLE y").is_err());
+/// assert!(TableName::parse("pg_temp.mail_out").is_err()); // a system schema
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableName {
@@ -33,6 +34,12 @@ impl TableName {
         };
         if let Some(schema) = schema {
             check_ident(schema)?;
+            // Postgres reserves `pg_` for its own schemas: `pg_temp` would give each connection
+            // a private table (two connections could then both claim one key), and
+            // `pg_catalog` and `pg_toast` hold no user tables.
+            if schema.starts_with("pg_") {
+                return Err(TableNameError { reserved: false });
+            }
         }
         check_ident(name)?;
         Ok(Self {
@@ -82,7 +89,7 @@ impl TableNameError {
         if self.reserved {
             "table name: a word Postgres reserves (user, order, table, ...) cannot be a name here"
         } else {
-            "table name: `table` or `schema.table`, lowercase letters, digits and `_`, at most 48 bytes each"
+            "table name: `table` or `schema.table`, lowercase letters, digits and `_`, at most 48 bytes each, the schema not a `pg_` one"
         }
     }
 }

@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
 );
 CREATE INDEX IF NOT EXISTS idempotency_records_expires ON idempotency_records (expires_at);
 CREATE OR REPLACE FUNCTION idempotency_records_claim(
-    p_key bytea, p_token uuid, p_fingerprint bytea, p_lease_ms int8)
+    p_key bytea, p_token uuid, p_fingerprint bytea, p_lease_ms int8, p_wait_ms int8)
 RETURNS TABLE (claimed boolean, state text, fingerprint bytea, lease_ms int8, status int2,
     header_names text[], header_values bytea[], body bytea,
     trailer_names text[], trailer_values bytea[])
@@ -27,6 +27,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz;
 BEGIN
+    -- A row locked by a handler's open transaction (between its completion and its commit) is
+    -- waited for at most p_wait_ms, the store's statement timeout: a caller that gave up must
+    -- not leave its backend, and with it its pooled connection, waiting for that commit.
+    PERFORM set_config('lock_timeout', p_wait_ms::text, true);
     FOR attempt IN 1..16 LOOP
         v_now := clock_timestamp();
         INSERT INTO idempotency_records AS r (key, token, state, fingerprint, expires_at, claimed_at)

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use http_body_util::BodyExt;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,7 @@ use tower::ServiceExt;
 use tower_once_idempotency::store::postgres::PostgresStore;
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::{Claim, IdempotencyLayer};
-use tower_once_test_support::postgres::Schema;
+use tower_once_test_support::postgres::{database_url, Schema};
 
 mod support;
 
@@ -473,4 +474,67 @@ async fn for_comparison_when_the_layer_writes_the_record_an_outage_after_the_han
         2,
         "the documented window of a separate write"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_refused_during_a_slow_commit_do_not_take_the_pool_from_other_keys() {
+    let fixture = Fixture::new().await;
+    // A small pool and a short statement timeout: the handler's transaction holds one
+    // connection for its whole slow commit, which leaves two.
+    let pool = PgPoolOptions::new()
+        .max_connections(3)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .table(fixture.store.table_name())
+        .unwrap()
+        .command_timeout(Duration::from_millis(300));
+    let state = App {
+        schema: fixture.schema.name.clone(),
+        runs: Arc::default(),
+        // The slow request waits 3 s between storing and committing; the other commits.
+        steps: Arc::new(Mutex::new(vec![
+            Step::Commit,
+            Step::WaitBeforeCommit(Duration::from_secs(3)),
+        ])),
+        stored: Arc::default(),
+        admin: fixture.pool().clone(),
+    };
+    let router = Router::new()
+        .route("/charges", post(charge))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::with_store(store).lease(Duration::from_secs(10)));
+    let slow = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, "slow").await }
+    });
+    state.stored.notified().await;
+
+    // Two duplicates arrive while the row is locked: each is refused after the statement
+    // timeout (a longer commit than that is not waited for).
+    let (a, b) = tokio::join!(send(&router, "slow"), send(&router, "slow"));
+    assert_eq!(
+        (a.0, b.0),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::SERVICE_UNAVAILABLE
+        )
+    );
+
+    // Another key, while the slow one is still committing: the refused duplicates must not
+    // still hold their connections.
+    let (status, replayed, body) = send(&router, "other").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "a fresh key is served during another key's slow commit: {body}"
+    );
+    assert_eq!(
+        state.runs.load(SeqCst),
+        2,
+        "the slow handler and the other key's"
+    );
+    assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(fixture.charges().await, 2, "one charge per key");
 }

@@ -27,6 +27,17 @@ mod support;
 
 use support::postgres_store as store_in;
 
+/// A pool whose connections are named, so that the test killing the unnamed backends of the
+/// database (`a_killed_backend_and_a_full_pool_answer_503_then_recover`) leaves them alone.
+async fn named_pool(max: u32) -> sqlx::PgPool {
+    let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(options.application_name("tower-once-store-test"))
+        .await
+        .unwrap()
+}
+
 type Handler = tower::util::BoxCloneSyncService<
     Request<RequestBody<Full<Bytes>>>,
     Response<Full<Bytes>>,
@@ -244,4 +255,201 @@ async fn expired_records_count_as_absent_and_fresh_claims_purge_them() {
         .await
         .unwrap();
     assert!(matches!(again, ClaimOutcome::Claimed));
+}
+
+#[tokio::test]
+async fn a_system_schema_is_refused_as_the_tables_schema() {
+    // `pg_temp` would give every pooled connection a private table of its own (two replicas,
+    // or two connections, would each claim the same key); `pg_catalog` and `pg_toast` are not
+    // for user tables. Postgres reserves the `pg_` prefix for system schemas.
+    let pool = PgPoolOptions::new().connect_lazy(&database_url()).unwrap();
+    for bad in [
+        "pg_temp.idem",
+        "pg_catalog.idem",
+        "pg_toast.idem",
+        "pg_temp_3.idem",
+    ] {
+        let refused = PostgresStore::new(pool.clone()).table(bad);
+        assert!(refused.is_err(), "{bad:?} accepted");
+    }
+    assert!(PostgresStore::new(pool).table("app.pg_idem").is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_releases_and_purges_never_give_a_key_two_owners() {
+    let schema = Schema::create();
+    let store = PostgresStore::new(named_pool(8).await)
+        .table(&format!("{}.idem", schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let fp = Fingerprint::from_bytes([3; 32]);
+    let hot = [StoreKey::from_bytes([1; 32]), StoreKey::from_bytes([2; 32])];
+    let holders: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let wins = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    // Twelve tasks fight over two keys: whoever wins holds the key (a long lease), then
+    // releases it, so the claim function keeps meeting rows deleted between its two reads.
+    for t in 0..12usize {
+        let (store, holders, wins) = (store.clone(), Arc::clone(&holders), Arc::clone(&wins));
+        tasks.spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..60 {
+                let k = t % 2;
+                let token = ClaimToken::new();
+                match store
+                    .claim(hot[k], token, fp, Duration::from_secs(30))
+                    .await
+                {
+                    Ok(ClaimOutcome::Claimed) => {
+                        wins.fetch_add(1, SeqCst);
+                        let before = holders[k].fetch_add(1, SeqCst);
+                        assert_eq!(before, 0, "two owners of one key at once");
+                        tokio::task::yield_now().await;
+                        holders[k].fetch_sub(1, SeqCst);
+                        assert!(
+                            store.release(hot[k], token).await.unwrap(),
+                            "ours to release"
+                        );
+                    }
+                    Ok(ClaimOutcome::Existing(_)) => {}
+                    Err(error) => errors.push(error.to_string()),
+                }
+            }
+            errors
+        });
+    }
+    // Meanwhile: fresh keys on 1 ms leases (each claim purges expired rows), and purges.
+    for t in 0..2u8 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let mut errors = Vec::new();
+            for i in 0..120u8 {
+                let key = StoreKey::from_bytes([
+                    100 + t,
+                    i,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]);
+                if let Err(error) = store
+                    .claim(key, ClaimToken::new(), fp, Duration::from_millis(1))
+                    .await
+                {
+                    errors.push(error.to_string());
+                }
+                if i % 10 == 0 {
+                    if let Err(error) = store.purge_expired(5).await {
+                        errors.push(error.to_string());
+                    }
+                }
+            }
+            errors
+        });
+    }
+    let mut errors = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        errors.extend(done.unwrap());
+    }
+    assert!(
+        errors.is_empty(),
+        "no claim fails under ordinary load: {errors:?}"
+    );
+    assert!(wins.load(SeqCst) >= 2, "both keys were won");
+}
+
+#[tokio::test]
+async fn purging_expired_records_reads_them_through_the_index_not_the_whole_table() {
+    let schema = Schema::create();
+    let pool = named_pool(1).await;
+    let store = PostgresStore::new(pool.clone())
+        .table(&format!("{}.idem", schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let t = store.table_name().to_owned();
+    // 200 000 records, of which the first 100 have expired.
+    sqlx::query(&format!(
+        "INSERT INTO {t} (key, token, state, fingerprint, expires_at, claimed_at, status, body) \
+         SELECT sha256(g::text::bytea), gen_random_uuid(), 'completed', sha256(g::text::bytea), \
+           CASE WHEN g <= 100 THEN now() - interval '1 hour' ELSE now() + interval '1 day' END, \
+           now(), 200, ''::bytea FROM generate_series(1, 200000) g"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE {t}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    // (rows read by sequential scans, index entries read, rows deleted, rows inserted), once
+    // the backend's counters are flushed to where every session reads them.
+    let stats = |pool: sqlx::PgPool, t: String| async move {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query_as::<_, (i64, i64, i64, i64)>(&format!(
+            "SELECT coalesce(seq_tup_read, 0), \
+               (SELECT coalesce(sum(idx_tup_read), 0)::int8 FROM pg_stat_user_indexes \
+                WHERE relid = '{t}'::regclass), n_tup_del, n_tup_ins \
+             FROM pg_stat_user_tables WHERE relid = '{t}'::regclass"
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let mut before = stats(pool.clone(), t.clone()).await;
+    for _ in 0..50 {
+        if before.3 >= 200_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        before = stats(pool.clone(), t.clone()).await;
+    }
+    assert_eq!(before.3, 200_000, "the counters were flushed");
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 100);
+    let mut after = stats(pool.clone(), t.clone()).await;
+    for _ in 0..50 {
+        if after.2 >= before.2 + 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = stats(pool.clone(), t.clone()).await;
+    }
+    assert_eq!(after.2, before.2 + 100, "the counters were flushed");
+    assert_eq!(
+        after.0 - before.0,
+        0,
+        "no sequential scan: {before:?} {after:?}"
+    );
+    assert!(
+        after.1 - before.1 < 1000,
+        "index entries read: only the expired ones and their keys: {before:?} {after:?}"
+    );
 }

@@ -40,7 +40,9 @@
 //! the table. [`purge_expired`](PostgresStore::purge_expired) deletes a batch on demand.
 //!
 //! Each statement is bounded by a timeout (default 1 s), waiting for a pooled connection
-//! included. A statement that times out or fails (Postgres down or restarting, a backend
+//! included; the claim also waits on the server at most that long for a row locked by a
+//! handler's open transaction (a duplicate during a slow commit), so a claim the layer gave up
+//! on does not keep its connection busy until that commit. A statement that times out or fails (Postgres down or restarting, a backend
 //! killed, the table dropped, the pool exhausted) turns into a [`StoreError`] that names the
 //! cause, and the layer answers `503` without running the handler; the pool replaces broken
 //! connections on its own, so requests succeed again once Postgres is back.
@@ -298,6 +300,7 @@ impl IdempotencyStore for PostgresStore {
                 .bind(*token.as_uuid())
                 .bind(fingerprint.as_bytes().as_slice())
                 .bind(millis(lease))
+                .bind(millis(shared.timeout))
                 .fetch_one(&pool)
                 .await?;
             decode_claim(&row).map_err(|e| sqlx::Error::Decode(Box::new(e)))
@@ -334,6 +337,7 @@ impl IdempotencyStore for PostgresStore {
                 .bind(key.as_bytes().as_slice())
                 .bind(*token.as_uuid())
                 .bind(millis(lease))
+                .bind(millis(shared.timeout))
                 .fetch_one(&pool)
                 .await
         })

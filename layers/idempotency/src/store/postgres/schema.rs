@@ -41,7 +41,7 @@ impl Queries {
             migrate: render_migration(table),
             claim: format!(
                 "SELECT claimed, state, fingerprint, lease_ms, status, header_names, header_values, \
-                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4)",
+                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4, $5)",
                 table.schema_prefix(),
                 table.name()
             ),
@@ -60,10 +60,14 @@ impl Queries {
                  SELECT EXISTS (SELECT 1 FROM renewed) \
                    OR (EXISTS (SELECT 1 FROM mine) AND NOT EXISTS (SELECT 1 FROM free))"
             ),
+            // NOTE: `clock_timestamp()` is volatile, so compared directly it is a filter that
+            // reads the whole `expires_at` index, and `key IN (...)` lets the planner hash-join
+            // a sequential scan; read once (an init plan) it bounds the index scan, and the
+            // keys as an array are looked up through the primary key.
             purge: format!(
-                "DELETE FROM {t} WHERE key IN ( \
-                   SELECT key FROM {t} WHERE expires_at <= clock_timestamp() \
-                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                "DELETE FROM {t} WHERE key = ANY (ARRAY( \
+                   SELECT key FROM {t} WHERE expires_at <= (SELECT clock_timestamp()) \
+                   ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)) \
                  AND expires_at <= clock_timestamp()"
             ),
             table: t,
