@@ -27,8 +27,7 @@ mod support;
 
 use support::postgres_store as store_in;
 
-/// A pool whose connections are named, so that the test killing the unnamed backends of the
-/// database (`a_killed_backend_and_a_full_pool_answer_503_then_recover`) leaves them alone.
+/// A pool whose connections are named, to tell them apart in `pg_stat_activity`.
 async fn named_pool(max: u32) -> sqlx::PgPool {
     let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
     PgPoolOptions::new()
@@ -164,10 +163,12 @@ async fn a_dropped_table_fails_closed_with_its_cause_and_recovers_after_migrate(
 #[tokio::test]
 async fn a_killed_backend_and_a_full_pool_answer_503_then_recover() {
     let schema = Schema::create();
+    // Named, so that only this pool's backend is killed, not those of tests beside it.
+    let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_millis(200))
-        .connect(&database_url())
+        .connect_with(options.application_name("tower-once-killed-backend"))
         .await
         .unwrap();
     let store = PostgresStore::new(pool)
@@ -192,7 +193,7 @@ async fn a_killed_backend_and_a_full_pool_answer_503_then_recover() {
         .unwrap();
     sqlx::query(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = ''",
+         WHERE datname = current_database() AND application_name = 'tower-once-killed-backend'",
     )
     .execute(&admin)
     .await

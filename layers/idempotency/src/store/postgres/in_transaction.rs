@@ -24,7 +24,15 @@ impl Claim<PostgresStore> {
     /// The response is stored by the layer's rules: hop-by-hop and deny-listed headers are
     /// left out, and a body over the layer's response limit is not kept (later duplicates get
     /// the layer's "not replayable" answer, and never run the handler). From here to the commit
-    /// the record's row is locked: a duplicate waits for the commit and then replays.
+    /// the record's row is locked: a duplicate waits for the commit and then replays (at most
+    /// the store's statement timeout; it is answered `503` after that).
+    ///
+    /// Use it in a `READ COMMITTED` transaction (Postgres's default): at `REPEATABLE READ` or
+    /// above, a lease renewal committed after the transaction's snapshot makes the completion
+    /// fail with a serialization error (nothing commits twice, but the request fails). The
+    /// statement runs on your connection, so your transaction's own `statement_timeout` bounds
+    /// it, not the store's. A transaction that never commits leaves the key in progress:
+    /// duplicates get `409` until the lease ends, then a retry runs the handler again.
     ///
     /// Fails with [`ClaimError::is_lost`] when the claim is no longer this request's (its
     /// lease ran out and a retry may have taken the key), and with [`ClaimError::is_store`]

@@ -39,8 +39,9 @@
 //! so they cannot pile up while keys keep arriving, and no statement on the request path scans
 //! the table. [`purge_expired`](PostgresStore::purge_expired) deletes a batch on demand.
 //!
-//! Each statement is bounded by a timeout (default 1 s), waiting for a pooled connection
-//! included; the claim also waits on the server at most that long for a row locked by a
+//! Each statement the store runs on its pool is bounded by a timeout (default 1 s), waiting for
+//! a pooled connection included (the completion a handler runs in its own transaction is bounded
+//! by that transaction's settings); the claim also waits on the server at most that long for a row locked by a
 //! handler's open transaction (a duplicate during a slow commit), so a claim the layer gave up
 //! on does not keep its connection busy until that commit. A statement that times out or fails (Postgres down or restarting, a backend
 //! killed, the table dropped, the pool exhausted) turns into a [`StoreError`] that names the
