@@ -34,14 +34,15 @@
 //!
 //! Files: `rows.rs` the declared rows and ratios, `server.rs` the app, `client/` the load
 //! generator (`load.rs` one round's connections and script callers, `warm.rs` the replay keys),
-//! `runner.rs` the runtimes and one row's round, `cpu.rs` the CPU readings, `results.rs` the
-//! table; the medians come from `benches/support/report.rs`.
+//! `runner.rs` the runtimes and one row's round, `results.rs` the table; the medians come from
+//! `benches/support/report.rs`, the CPU readings from `benches/support/cpu.rs`.
 
+#[path = "../support/cpu.rs"]
+mod cpu;
 #[path = "../support/report.rs"]
 mod report;
 
 mod client;
-mod cpu;
 mod results;
 mod rows;
 mod runner;

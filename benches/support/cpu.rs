@@ -1,4 +1,9 @@
-//! Where the time went: CPU time per thread group, and `redis-server`'s.
+//! Where the time went: CPU time per thread group of this process, and `redis-server`'s.
+//!
+//! Included by each bench that uses it (`#[path = "support/cpu.rs"] mod cpu;`); a bench uses
+//! only part of it, hence `dead_code` is allowed here.
+
+#![allow(dead_code)]
 
 use tower_once_test_support::redis::RedisServer;
 
