@@ -1,6 +1,6 @@
 //! HTTP load on loopback (benches/README.md, "Under HTTP load on loopback"): one process serves
-//! axum with a bare route and the same handler behind `IdempotencyLayer` on the memory store and
-//! on the Redis store, and a hyper load generator in the same process drives it over N keep-alive
+//! axum with a bare route and the same handler behind `IdempotencyLayer` on the memory store, on
+//! the Redis store and on the Postgres store, and a hyper load generator in the same process drives it over N keep-alive
 //! connections for a fixed time per round, with a 1 KiB JSON body. Fresh rows send a unique
 //! `Idempotency-Key` per request; replay rows cycle over a few keys completed before the first
 //! round. One more row sends the Redis store's claim script (what a replay costs in Redis)
@@ -18,15 +18,17 @@
 //! was evicted: the fresh rows fill the memory store to its default bound of 100 000 records,
 //! and then it drops the oldest completed ones).
 //!
-//! Starts its own `redis-server` on a free loopback port, killed on drop (panics included).
+//! Starts its own `redis-server` on a free loopback port, killed on drop (panics included), and
+//! keeps the Postgres store's records in a schema of its own in `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), dropped on drop.
 //!
 //! ```sh
-//! cargo bench --bench http_load --features redis
-//! LOAD_SECS=5 LOAD_ROUNDS=5 LOAD_CONNS=64 cargo bench --bench http_load --features redis
+//! cargo bench --bench http_load --features redis,postgres
+//! LOAD_SECS=5 LOAD_ROUNDS=5 LOAD_CONNS=64 cargo bench --bench http_load --features redis,postgres
 //! ```
 //!
 //! `LOAD_PROFILE=memory_fresh` (or `bare`, `memory_replay`, `redis_fresh`, `redis_replay`,
-//! `raw_script`) runs that row alone once, for a profiler.
+//! `postgres_fresh`, `postgres_replay`, `raw_script`) runs that row alone once, for a profiler.
 //!
 //! Settings (environment): `LOAD_SECS` seconds per row and round (default 3), `LOAD_ROUNDS`
 //! (default 3), `LOAD_CONNS` concurrent connections, and concurrent script callers on the raw
@@ -34,14 +36,15 @@
 //!
 //! Files: `rows.rs` the declared rows and ratios, `server.rs` the app, `client/` the load
 //! generator (`load.rs` one round's connections and script callers, `warm.rs` the replay keys),
-//! `runner.rs` the runtimes and one row's round, `cpu.rs` the CPU readings, `results.rs` the
-//! table; the medians come from `benches/support/report.rs`.
+//! `runner.rs` the runtimes and one row's round, `results.rs` the table; the medians come from
+//! `benches/support/report.rs`, the CPU readings from `benches/support/cpu.rs`.
 
+#[path = "../support/cpu.rs"]
+mod cpu;
 #[path = "../support/report.rs"]
 mod report;
 
 mod client;
-mod cpu;
 mod results;
 mod rows;
 mod runner;
@@ -53,6 +56,7 @@ use rows::ROWS;
 use runner::{Runner, SERVER_THREADS};
 use settings::Settings;
 use std::time::Duration;
+use tower_once_test_support::postgres::Schema;
 use tower_once_test_support::redis::RedisServer;
 
 fn main() {
@@ -63,7 +67,8 @@ fn main() {
     }
     let settings = Settings::from_env();
     let redis = RedisServer::start();
-    let runner = Runner::start(settings, &redis);
+    let schema = Schema::create();
+    let runner = Runner::start(settings, &redis, &schema);
 
     let s = &runner.settings;
     println!(
@@ -105,8 +110,10 @@ fn main() {
         }
     }
     results.print();
-    // `redis` (a Drop guard) kills redis-server here, and on any panic above.
+    // `redis` and `schema` (Drop guards) kill redis-server and drop the schema here, and on any
+    // panic above.
     drop(runner);
+    drop(schema);
     drop(redis);
 }
 

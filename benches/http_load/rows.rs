@@ -12,7 +12,13 @@ pub(crate) enum Store {
     Memory,
     /// `IdempotencyLayer` on `RedisStore`.
     Redis,
+    /// `IdempotencyLayer` on `PostgresStore` (the handler writes nothing to the database: the
+    /// layer completes the record).
+    Postgres,
 }
+
+/// The stores behind the layer, each of which the replay keys are completed on.
+pub(crate) const COVERED: &[Store] = &[Store::Memory, Store::Redis, Store::Postgres];
 
 /// What a row sends.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -86,6 +92,18 @@ pub(crate) const ROWS: &[Row] = &[
         name: "redis_replay",
         label: "Redis store, replay",
         store: Store::Redis,
+        mode: Mode::Replay,
+    },
+    Row {
+        name: "postgres_fresh",
+        label: "Postgres store, fresh key",
+        store: Store::Postgres,
+        mode: Mode::Fresh,
+    },
+    Row {
+        name: "postgres_replay",
+        label: "Postgres store, replay",
+        store: Store::Postgres,
         mode: Mode::Replay,
     },
     Row {

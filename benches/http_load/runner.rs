@@ -2,7 +2,7 @@
 
 use crate::client::{self, Counts, HttpTarget, Round, ScriptTarget};
 use crate::cpu::{redis_cpu_us, thread_cpu_ns};
-use crate::rows::{Mode, Row};
+use crate::rows::{Mode, Row, COVERED};
 use crate::server;
 use crate::settings::Settings;
 use http::HeaderValue;
@@ -10,14 +10,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::sync::Barrier;
+use tower_once::idempotency::store::postgres::sqlx::postgres::PgPoolOptions;
+use tower_once::idempotency::store::postgres::PostgresStore;
 use tower_once::idempotency::store::redis::redis::{self, Script};
 use tower_once::idempotency::store::redis::{RedisStore, CLAIM_SCRIPT};
+use tower_once_test_support::postgres::{database_url, Schema};
 use tower_once_test_support::redis::RedisServer;
 
 /// Keys completed before the first round and replayed by the replay rows.
 const REPLAY_KEYS: usize = 16;
 /// Server worker threads.
 pub(crate) const SERVER_THREADS: usize = 2;
+/// The Postgres store's pool.
+const PG_CONNECTIONS: u32 = 16;
 /// Thread name prefixes, which the CPU columns add up by.
 const SERVER_THREAD: &str = "load-server";
 const CLIENT_THREAD: &str = "load-client";
@@ -46,8 +51,9 @@ pub(crate) struct Runner {
 }
 
 impl Runner {
-    /// Builds both runtimes, serves the app, and completes the replay keys on both stores.
-    pub(crate) fn start(settings: Settings, redis: &RedisServer) -> Self {
+    /// Builds both runtimes, serves the app (the Postgres store's table in `schema`), and
+    /// completes the replay keys on every store.
+    pub(crate) fn start(settings: Settings, redis: &RedisServer, schema: &Schema) -> Self {
         let server_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(SERVER_THREADS)
             .thread_name(SERVER_THREAD)
@@ -65,7 +71,19 @@ impl Runner {
             .expect("valid URL")
             .key_prefix(REDIS_PREFIX);
         let connection = store.connection().clone();
-        let addr = server_rt.block_on(server::serve(store));
+        let postgres = server_rt.block_on(async {
+            let pool = PgPoolOptions::new()
+                .max_connections(PG_CONNECTIONS)
+                .connect(&database_url())
+                .await
+                .expect("connect to PostgreSQL");
+            let store = PostgresStore::new(pool)
+                .table(&format!("{}.idem", schema.name))
+                .expect("a valid table name");
+            store.migrate().await.expect("create the records table");
+            store
+        });
+        let addr = server_rt.block_on(server::serve(store, postgres));
         let replay_keys: Vec<HeaderValue> = (0..REPLAY_KEYS)
             .map(|i| HeaderValue::from_str(&format!("replay-{i}")).expect("a valid key"))
             .collect();
@@ -80,7 +98,11 @@ impl Runner {
                 .await
                 .expect("the replay keys completed in time")
         });
-        assert_eq!(created, 2 * REPLAY_KEYS, "every replay key completed");
+        assert_eq!(
+            created,
+            COVERED.len() * REPLAY_KEYS,
+            "every replay key completed"
+        );
         // Only the replay records exist in Redis yet: they are the raw row's keys.
         let keys: Vec<String> = server_rt.block_on({
             let mut connection = connection.clone();

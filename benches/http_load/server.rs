@@ -1,5 +1,5 @@
 //! The server side: one axum app with a bare route and the same handler behind
-//! `IdempotencyLayer` on the memory store and on the Redis store.
+//! `IdempotencyLayer` on the memory store, on the Redis store and on the Postgres store.
 
 use crate::rows::Store;
 use axum::body::Bytes;
@@ -7,6 +7,7 @@ use axum::routing::post;
 use axum::Router;
 use http::StatusCode;
 use std::net::SocketAddr;
+use tower_once::idempotency::store::postgres::PostgresStore;
 use tower_once::idempotency::store::redis::RedisStore;
 use tower_once::idempotency::IdempotencyLayer;
 
@@ -19,6 +20,7 @@ pub(crate) fn path(store: Store) -> &'static str {
         Store::None => "/bare",
         Store::Memory => "/memory",
         Store::Redis => "/redis",
+        Store::Postgres => "/postgres",
     }
 }
 
@@ -42,7 +44,7 @@ pub(crate) fn json_body() -> Bytes {
 }
 
 /// The app: one route per [`Store`].
-fn app(redis: RedisStore) -> Router {
+fn app(redis: RedisStore, postgres: PostgresStore) -> Router {
     Router::new()
         .route(path(Store::None), post(create))
         .merge(
@@ -55,11 +57,16 @@ fn app(redis: RedisStore) -> Router {
                 .route(path(Store::Redis), post(create))
                 .route_layer(IdempotencyLayer::with_store(redis)),
         )
+        .merge(
+            Router::new()
+                .route(path(Store::Postgres), post(create))
+                .route_layer(IdempotencyLayer::with_store(postgres)),
+        )
 }
 
 /// Serves the app on a free loopback port, on the runtime this is called in.
-pub(crate) async fn serve(redis: RedisStore) -> SocketAddr {
-    let app = app(redis);
+pub(crate) async fn serve(redis: RedisStore, postgres: PostgresStore) -> SocketAddr {
+    let app = app(redis, postgres);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");

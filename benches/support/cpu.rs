@@ -1,4 +1,10 @@
-//! Where the time went: CPU time per thread group, and `redis-server`'s.
+//! Where the time went: CPU time per thread group of this process, per process on this machine
+//! (a PostgreSQL backend), and `redis-server`'s.
+//!
+//! Included by each bench that uses it (`#[path = "support/cpu.rs"] mod cpu;`); a bench uses
+//! only part of it, hence `dead_code` is allowed here.
+
+#![allow(dead_code)]
 
 use tower_once_test_support::redis::RedisServer;
 
@@ -20,6 +26,14 @@ pub(crate) fn thread_cpu_ns(prefix: &str) -> Option<u64> {
         total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
     }
     Some(total)
+}
+
+/// CPU time (ns) spent so far by the main thread of process `pid` (all of a single-threaded
+/// process, such as a PostgreSQL backend), from `/proc/<pid>/schedstat`, which any user may
+/// read; `None` where that is not available (not Linux, another machine, the process gone).
+pub(crate) fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }
 
 /// `redis-server`'s CPU time so far (user + system, µs), from `INFO cpu`.
