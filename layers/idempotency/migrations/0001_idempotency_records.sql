@@ -33,6 +33,19 @@ BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms::text, true);
     FOR attempt IN 1..16 LOOP
         v_now := clock_timestamp();
+        -- A live record is returned as it is, read-only: a replay or a duplicate writes
+        -- nothing and waits for no lock (a record a handler is completing in its open
+        -- transaction still reads as in progress until that commits).
+        RETURN QUERY SELECT false, r.state, r.fingerprint,
+            greatest(0, ceil(extract(epoch FROM r.expires_at - v_now) * 1000))::int8,
+            r.status, r.header_names, r.header_values, r.body, r.trailer_names, r.trailer_values
+        FROM idempotency_records AS r WHERE r.key = p_key AND r.expires_at > v_now;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        -- Absent or expired: claim it. A row that changed since the read (claimed or completed
+        -- by another, or locked by a handler's transaction, then committed) is not taken: the
+        -- next round reads it.
         INSERT INTO idempotency_records AS r (key, token, state, fingerprint, expires_at, claimed_at)
         VALUES (p_key, p_token, 'in_progress', p_fingerprint,
             v_now + p_lease_ms * interval '1 millisecond', v_now)
@@ -42,19 +55,17 @@ BEGIN
             trailer_values = NULL, claimed_at = v_now, completed_at = NULL
         WHERE r.expires_at <= v_now;
         IF FOUND THEN
-            DELETE FROM idempotency_records AS d WHERE d.key IN (
-                SELECT e.key FROM idempotency_records AS e WHERE e.expires_at <= v_now
-                ORDER BY e.expires_at LIMIT 2 FOR UPDATE SKIP LOCKED)
-            AND d.expires_at <= v_now;
+            -- One fresh claim in eight deletes up to sixteen expired rows (two per claim on
+            -- average, through the expires_at index): expired rows cannot pile up, and the
+            -- index's dead entries are walked an eighth as often.
+            IF random() < 0.125 THEN
+                DELETE FROM idempotency_records AS d WHERE d.key IN (
+                    SELECT e.key FROM idempotency_records AS e WHERE e.expires_at <= v_now
+                    ORDER BY e.expires_at LIMIT 16 FOR UPDATE SKIP LOCKED)
+                AND d.expires_at <= v_now;
+            END IF;
             RETURN QUERY SELECT true, NULL::text, NULL::bytea, NULL::int8, NULL::int2,
                 NULL::text[], NULL::bytea[], NULL::bytea, NULL::text[], NULL::bytea[];
-            RETURN;
-        END IF;
-        RETURN QUERY SELECT false, r.state, r.fingerprint,
-            greatest(0, ceil(extract(epoch FROM r.expires_at - v_now) * 1000))::int8,
-            r.status, r.header_names, r.header_values, r.body, r.trailer_names, r.trailer_values
-        FROM idempotency_records AS r WHERE r.key = p_key AND r.expires_at > v_now;
-        IF FOUND THEN
             RETURN;
         END IF;
     END LOOP;

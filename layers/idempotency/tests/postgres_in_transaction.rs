@@ -302,7 +302,7 @@ async fn a_stale_owner_paused_past_its_lease_never_commits_its_effect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_duplicate_arriving_before_the_commit_waits_and_replays() {
+async fn a_duplicate_arriving_before_the_commit_is_told_in_progress_and_its_retry_replays() {
     let fixture = Fixture::new().await;
     let (router, app) = app(
         &fixture,
@@ -314,12 +314,15 @@ async fn a_duplicate_arriving_before_the_commit_waits_and_replays() {
         async move { send(&router, "pay-3").await }
     });
     app.stored.notified().await;
+    // Stored but not committed: the record still reads as in progress, without a wait.
+    let (status, replayed, _) = send(&router, "pay-3").await;
+    assert_eq!((status, replayed), (StatusCode::CONFLICT, false));
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
     let (status, replayed, body) = send(&router, "pay-3").await;
     assert_eq!(
         (status, replayed, body.as_str()),
         (StatusCode::CREATED, true, "charge 1")
     );
-    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
     assert_eq!(app.runs.load(SeqCst), 1);
     assert_eq!(fixture.charges().await, 1);
 }
@@ -511,16 +514,10 @@ async fn duplicates_refused_during_a_slow_commit_do_not_take_the_pool_from_other
     });
     state.stored.notified().await;
 
-    // Two duplicates arrive while the row is locked: each is refused after the statement
-    // timeout (a longer commit than that is not waited for).
+    // Two duplicates arrive while the row is locked: each is told "in progress" at once (the
+    // claim reads the record without waiting for the lock).
     let (a, b) = tokio::join!(send(&router, "slow"), send(&router, "slow"));
-    assert_eq!(
-        (a.0, b.0),
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            StatusCode::SERVICE_UNAVAILABLE
-        )
-    );
+    assert_eq!((a.0, b.0), (StatusCode::CONFLICT, StatusCode::CONFLICT));
 
     // Another key, while the slow one is still committing: the refused duplicates must not
     // still hold their connections.

@@ -84,7 +84,7 @@ async fn concurrent_duplicates_run_once_and_replay_the_stored_response() {
     let schema = Schema::create();
     let store = store_in(&schema).await;
     let (handler, runs) = counting_handler(Duration::from_millis(100));
-    let svc = IdempotencyLayer::with_store(store).layer(handler);
+    let svc = IdempotencyLayer::with_store(store.clone()).layer(handler);
     let tasks: Vec<_> = (0..32)
         .map(|_| {
             let svc = svc.clone();
@@ -110,6 +110,13 @@ async fn concurrent_duplicates_run_once_and_replay_the_stored_response() {
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     let body = replay.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "charge 1");
+    // Replays read the record and write nothing, not even a row lock (xmax stays 0).
+    let xmax: String =
+        sqlx::query_scalar(&format!("SELECT xmax::text FROM {}", store.table_name()))
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(xmax, "0", "a replay locked or rewrote the record");
 
     let reuse = svc.oneshot(keyed("k-1", "{\"amount\":6}")).await.unwrap();
     assert_eq!(reuse.status(), StatusCode::UNPROCESSABLE_ENTITY);
@@ -219,15 +226,15 @@ async fn expired_records_count_as_absent_and_fresh_claims_purge_them() {
     let schema = Schema::create();
     let store = store_in(&schema).await;
     let fp = Fingerprint::from_bytes([1; 32]);
-    for i in 0..10u8 {
-        let key = StoreKey::from_bytes([i; 32]);
+    let claim = |store: PostgresStore, i: u16, lease: Duration| async move {
+        let mut key = [0; 32];
+        key[..2].copy_from_slice(&i.to_be_bytes());
         let outcome = store
-            .claim(key, ClaimToken::new(), fp, Duration::from_millis(1))
+            .claim(StoreKey::from_bytes(key), ClaimToken::new(), fp, lease)
             .await
             .unwrap();
-        assert!(matches!(outcome, ClaimOutcome::Claimed));
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(matches!(outcome, ClaimOutcome::Claimed), "{i}");
+    };
     let count = |store: PostgresStore, filter: &'static str| async move {
         let sql = format!("SELECT count(*) FROM {} {filter}", store.table_name());
         sqlx::query_scalar::<_, i64>(&sql)
@@ -235,27 +242,34 @@ async fn expired_records_count_as_absent_and_fresh_claims_purge_them() {
             .await
             .unwrap()
     };
-    // The first claims already purged some of the ones before them (1 ms leases).
-    let expired = count(store.clone(), "WHERE expires_at <= clock_timestamp()").await;
-    assert!(expired > 0);
-    // Each fresh claim deletes up to two expired rows.
-    for i in 100..103u8 {
-        let key = StoreKey::from_bytes([i; 32]);
-        store
-            .claim(key, ClaimToken::new(), fp, LEASE)
-            .await
-            .unwrap();
+    for i in 0..50 {
+        claim(store.clone(), i, Duration::from_millis(1)).await;
     }
-    let left = (expired - 6).max(0);
-    assert_eq!(count(store.clone(), "").await, left + 3);
-    assert_eq!(store.purge_expired(100).await.unwrap(), left as u64);
-    assert_eq!(count(store.clone(), "").await, 3);
-    // An expired key is claimable again.
-    let again = store
-        .claim(StoreKey::from_bytes([0; 32]), ClaimToken::new(), fp, LEASE)
-        .await
-        .unwrap();
-    assert!(matches!(again, ClaimOutcome::Claimed));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Expired, they count as absent: claimable again.
+    claim(store.clone(), 0, LEASE).await;
+    assert!(count(store.clone(), "WHERE expires_at <= clock_timestamp()").await > 0);
+    // One fresh claim in eight deletes up to sixteen: 300 claims delete them all (but with a
+    // chance below 1e-9).
+    for i in 1000..1300 {
+        claim(store.clone(), i, LEASE * 10).await;
+    }
+    assert_eq!(
+        count(store.clone(), "WHERE expires_at <= clock_timestamp()").await,
+        0
+    );
+    assert_eq!(store.purge_expired(100).await.unwrap(), 0);
+    // On demand: `purge_expired` deletes what has expired, up to its limit.
+    for i in 2000..2005 {
+        claim(store.clone(), i, Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let expired = count(store.clone(), "WHERE expires_at <= clock_timestamp()").await;
+    assert_eq!(store.purge_expired(100).await.unwrap(), expired as u64);
+    assert_eq!(
+        count(store.clone(), "WHERE expires_at <= clock_timestamp()").await,
+        0
+    );
 }
 
 #[tokio::test]

@@ -30,8 +30,8 @@ use std::time::Duration;
 /// The handler must then not commit (with `?` the transaction is dropped and rolled back), so a
 /// stale owner, whose lease ran out while it was paused and whose key another request took,
 /// can never commit a second effect. From the completion to the commit the record's row is
-/// locked: a duplicate arriving then waits for the commit (at most the store's statement
-/// timeout; a `503` after it) and sees the stored response.
+/// locked and reads as in progress: a duplicate arriving then is answered `409`, and its retry
+/// after the commit replays the stored response.
 ///
 /// In axum, take it as an extractor: `Claim<PostgresStore>`, or `Option<Claim<PostgresStore>>`
 /// for routes where the key is optional. Elsewhere read it from the request's extensions.

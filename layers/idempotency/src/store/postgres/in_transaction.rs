@@ -24,8 +24,8 @@ impl Claim<PostgresStore> {
     /// The response is stored by the layer's rules: hop-by-hop and deny-listed headers are
     /// left out, and a body over the layer's response limit is not kept (later duplicates get
     /// the layer's "not replayable" answer, and never run the handler). From here to the commit
-    /// the record's row is locked: a duplicate waits for the commit and then replays (at most
-    /// the store's statement timeout; it is answered `503` after that).
+    /// the record's row is locked and still reads as in progress: a duplicate is answered
+    /// `409`, and its retry after the commit replays.
     ///
     /// Use it in a `READ COMMITTED` transaction (Postgres's default): at `REPEATABLE READ` or
     /// above, a lease renewal committed after the transaction's snapshot makes the completion

@@ -26,25 +26,27 @@
 //! [`migrate`](PostgresStore::migrate) runs it under an advisory lock.
 //!
 //! Each operation is one statement, so one round trip: the claim calls the table's
-//! `{table}_claim` function (claim the key if it is absent or expired, otherwise return the
-//! record, looping if the row changes between the two), and `complete`, `release` and
+//! `{table}_claim` function (return a live record as it is, read-only, so that a replay or a
+//! duplicate writes nothing and waits for no lock; otherwise claim the key, looping if the row
+//! changes between the two), and `complete`, `release` and
 //! `extend` are single statements fenced by the token, the state and the lease. Time is the
 //! database's clock (`clock_timestamp()`), so every replica agrees on when a lease ends. A
 //! request through the layer therefore costs: fresh 2 round trips (claim, complete), or 1 plus
 //! the handler's own transaction when the handler completes its claim in it; replay 1,
 //! conflict 1, mismatch 1.
 //!
-//! Expired rows count as absent at once and are deleted by later claims: each fresh claim
-//! deletes up to two expired rows (through the `expires_at` index, skipping rows others hold),
+//! Expired rows count as absent at once and are deleted by later claims: one fresh claim in
+//! eight deletes up to sixteen expired rows (through the `expires_at` index, skipping rows
+//! others hold),
 //! so they cannot pile up while keys keep arriving, and no statement on the request path scans
 //! the table. [`purge_expired`](PostgresStore::purge_expired) deletes a batch on demand.
 //!
 //! Each statement the store runs on its pool is bounded by a timeout (default 1 s), waiting for
 //! a pooled connection included (the completion a handler runs in its own transaction is bounded
-//! by that transaction's settings); the claim also waits on the server at most that long for a row locked by a
-//! handler's open transaction (a duplicate during a slow commit), so a claim the layer gave up
-//! on does not keep its connection busy until that commit. A statement that times out or fails (Postgres down or restarting, a backend
-//! killed, the table dropped, the pool exhausted) turns into a [`StoreError`] that names the
+//! by that transaction's settings); a claim of an expired record that a handler's open
+//! transaction holds locked also waits on the server at most that long, so a claim the layer
+//! gave up on does not keep its connection busy until that commit. A statement that times out
+//! or fails (Postgres down or restarting, a backend killed, the table dropped, the pool exhausted) turns into a [`StoreError`] that names the
 //! cause, and the layer answers `503` without running the handler; the pool replaces broken
 //! connections on its own, so requests succeed again once Postgres is back.
 //!
