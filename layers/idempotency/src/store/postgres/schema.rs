@@ -39,9 +39,21 @@ impl Queries {
                        trailer_names = $9, trailer_values = $10, completed_at = clock_timestamp()";
         Self {
             migrate: render_migration(table),
+            // NOTE: a live record (a replay, a conflict, a mismatch) is read by plain SQL; the
+            // claim function, which reads it again before claiming, runs only when there is
+            // none (a one-time filter: not called at all otherwise).
             claim: format!(
-                "SELECT claimed, state, fingerprint, lease_ms, status, header_names, header_values, \
-                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4, $5)",
+                "WITH live AS ( \
+                   SELECT false AS claimed, state, fingerprint, \
+                     greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::int8 \
+                       AS lease_ms, \
+                     status, header_names, header_values, body, trailer_names, trailer_values \
+                   FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()) \
+                 SELECT * FROM live \
+                 UNION ALL \
+                 SELECT claimed, state, fingerprint, lease_ms, status, header_names, header_values, \
+                   body, trailer_names, trailer_values FROM {}{}_claim($1, $2, $3, $4, $5) \
+                 WHERE NOT EXISTS (SELECT 1 FROM live)",
                 table.schema_prefix(),
                 table.name()
             ),
