@@ -10,7 +10,8 @@ use tokio::sync::Notify;
 /// (they run to completion so their effect is not repeated by the retry), streamed responses
 /// whose claim is held until the body ends, and every store write a dropped request left in
 /// flight (the completion that stores a response, the release of a key, a claim whose answer had
-/// not come). Until such a write lands, the client's retry after a restart would meet `409` and
+/// not come), and the writes the store itself sends again after a failure (the Redis store's).
+/// Until such a write lands, the client's retry after a restart would meet `409` and
 /// then run the handler again.
 ///
 /// A server shutting down gracefully waits for its connections, and these have none left: wait
@@ -39,6 +40,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Clone, Default)]
 pub struct Detached {
     inner: Arc<Inner>,
+    // The store's own background writes (a completion it sends again), waited for after these.
+    store: Option<Arc<Inner>>,
 }
 
 #[derive(Debug, Default)]
@@ -50,19 +53,40 @@ struct Inner {
 impl Detached {
     /// How many such tasks are running now.
     pub fn running(&self) -> usize {
-        self.inner.running.load(Ordering::Acquire)
+        let store = self
+            .store
+            .as_ref()
+            .map_or(0, |s| s.running.load(Ordering::Acquire));
+        self.inner.running.load(Ordering::Acquire) + store
     }
 
     /// Completes once no such task is running.
     pub async fn wait(&self) {
+        // The layer's first: a write it finishes may leave the store one to send again.
+        Self::idle(&self.inner).await;
+        if let Some(store) = &self.store {
+            Self::idle(store).await;
+        }
+    }
+
+    async fn idle(inner: &Inner) {
         loop {
-            let idle = self.inner.idle.notified();
+            let idle = inner.idle.notified();
             let mut idle = std::pin::pin!(idle);
             idle.as_mut().enable();
-            if self.running() == 0 {
+            if inner.running.load(Ordering::Acquire) == 0 {
                 return;
             }
             idle.await;
+        }
+    }
+
+    /// This tracker, also covering the background writes of a store (see
+    /// [`IdempotencyStore::background`](crate::store::IdempotencyStore::background)).
+    pub(crate) fn including(&self, store: Option<Detached>) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            store: store.map(|s| s.inner),
         }
     }
 

@@ -82,6 +82,15 @@ impl<St> IdempotencyLayer<St> {
     }
 }
 
+impl<St: IdempotencyStore, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
+    /// The handlers (and streamed responses) this layer finishes on tasks of their own after
+    /// their clients left, and the store writes left to finish (its own retries included):
+    /// wait for them at shutdown. See [`Detached`](crate::Detached).
+    pub fn detached(&self) -> crate::detached::Detached {
+        self.config.detached.including(self.store.background())
+    }
+}
+
 impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
     /// Uses another store (for example the Redis store, shared by many replicas).
     pub fn store<St2>(self, store: St2) -> IdempotencyLayer<St2, Sc, F, P> {
@@ -90,12 +99,6 @@ impl<St, Sc, F, P> IdempotencyLayer<St, Sc, F, P> {
             scope: self.scope,
             config: self.config,
         }
-    }
-
-    /// The handlers (and streamed responses) this layer finishes on tasks of their own after
-    /// their clients left: wait for them at shutdown. See [`Detached`](crate::Detached).
-    pub fn detached(&self) -> crate::detached::Detached {
-        self.config.detached.clone()
     }
 
     /// The store this layer uses.

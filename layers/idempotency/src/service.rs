@@ -49,14 +49,17 @@ impl<S, St, Sc, F, P> Idempotency<S, St, Sc, F, P> {
         self.inner
     }
 
-    /// The work this service finishes on tasks of its own: see [`Detached`](crate::Detached).
-    pub fn detached(&self) -> crate::detached::Detached {
-        self.config.detached.clone()
-    }
-
     /// The store this service uses.
     pub fn store_ref(&self) -> &St {
         &self.store
+    }
+}
+
+impl<S, St: crate::store::IdempotencyStore, Sc, F, P> Idempotency<S, St, Sc, F, P> {
+    /// The work this service finishes on tasks of its own, its store's included: see
+    /// [`Detached`](crate::Detached).
+    pub fn detached(&self) -> crate::detached::Detached {
+        self.config.detached.including(self.store.background())
     }
 }
 

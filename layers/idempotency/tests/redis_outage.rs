@@ -289,3 +289,67 @@ async fn a_connection_reset_at_completion_runs_the_handler_once() {
         "the handler ran twice; retry answers: {answers:?}"
     );
 }
+
+/// Graceful shutdown waits for every background write, the store's own included: a completion
+/// that timed out while Redis stalled is sent again by the store on a task of its own, and
+/// `layer.detached().wait()` must wait for it, or a deploy cuts it off and the client's retry
+/// after the restart runs the handler again. Was broken: the store spawned its retry on a bare
+/// task that `detached()` did not count (it reported 0 running and returned at once).
+#[tokio::test]
+async fn shutdown_waits_for_a_completion_the_store_sends_again() {
+    let redis = RedisServer::start();
+    redis.cli(&[
+        "SCRIPT",
+        "LOAD",
+        tower_once_idempotency::store::redis::COMPLETE_SCRIPT,
+    ]);
+    let store = RedisStore::connect_with_timeout(&redis.url(), Duration::from_millis(300))
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counter, gate2) = (runs.clone(), gate.clone());
+    let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+        let (counter, gate) = (counter.clone(), gate2.clone());
+        async move {
+            counter.fetch_add(1, SeqCst);
+            gate.acquire().await.unwrap().forget();
+            let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
+            *res.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(res)
+        }
+    });
+    let layer = IdempotencyLayer::with_store(store).lease(Duration::from_secs(30));
+    let detached = layer.detached();
+    let svc = layer.layer(handler);
+    let first = tokio::spawn(call(svc.clone(), "pay"));
+    for _ in 0..200 {
+        if runs.load(SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(runs.load(SeqCst), 1, "the handler is running");
+    // Redis stalls as the handler finishes: the completion times out (300 ms).
+    redis.signal("-STOP");
+    gate.add_permits(1);
+    let (status, _) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "the client got its charge");
+    assert!(
+        detached.running() >= 1,
+        "the store's second try of the completion is counted"
+    );
+    redis.signal("-CONT");
+    tokio::time::timeout(Duration::from_secs(15), detached.wait())
+        .await
+        .expect("the second try lands once Redis is back");
+    assert_eq!(detached.running(), 0);
+    gate.add_permits(1); // should the handler run again (it must not)
+    let (status, replayed) = call(svc, "pay").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "replayed, not run again"
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+}

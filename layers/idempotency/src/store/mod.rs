@@ -160,4 +160,11 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// Renews the lease of the in-progress record of `key` held by `token` to `lease` from now.
     /// `Ok(false)` if the record is not in progress under `token`.
     fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture;
+
+    /// The writes this store finishes on tasks of its own (the Redis store sends a completion
+    /// or release that failed again), so that `IdempotencyLayer::detached().wait()` at shutdown
+    /// waits for them too. `None` (the default) for a store that spawns nothing.
+    fn background(&self) -> Option<crate::Detached> {
+        None
+    }
 }

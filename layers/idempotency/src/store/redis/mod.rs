@@ -86,6 +86,8 @@ pub struct RedisStore<C = ConnectionManager> {
 struct Shared {
     prefix: String,
     timeout: Duration,
+    // The completions and releases sent again after a failure, counted for the shutdown.
+    background: crate::Detached,
     claim: Script,
     complete: Script,
     release: Script,
@@ -159,6 +161,7 @@ impl<C> RedisStore<C> {
             shared: Arc::new(Shared {
                 prefix: DEFAULT_PREFIX.to_owned(),
                 timeout: Duration::from_secs(1),
+                background: crate::Detached::default(),
                 claim: Script::new(CLAIM_SCRIPT),
                 complete: Script::new(COMPLETE_SCRIPT),
                 release: Script::new(RELEASE_SCRIPT),
@@ -205,6 +208,7 @@ impl<C> RedisStore<C> {
         let mut shared = Shared {
             prefix: self.shared.prefix.clone(),
             timeout: self.shared.timeout,
+            background: self.shared.background.clone(),
             claim: Script::new(CLAIM_SCRIPT),
             complete: Script::new(COMPLETE_SCRIPT),
             release: Script::new(RELEASE_SCRIPT),
@@ -245,7 +249,8 @@ where
                 // with its connection. A completion or release left undone holds the key for
                 // a whole lease, or lets a duplicate run the handler twice; both are fenced by
                 // the claim's token, so sending them again is safe.
-                tokio::spawn(finish_later(shared, connection, redis_key, call));
+                let background = shared.background.clone();
+                background.spawn(finish_later(shared, connection, redis_key, call));
             }
             decode(outcome?)
         })
@@ -372,6 +377,10 @@ where
 
     fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
         self.run(key, Call::Extend(token, lease), decode_flag)
+    }
+
+    fn background(&self) -> Option<crate::Detached> {
+        Some(self.shared.background.clone())
     }
 }
 
