@@ -41,6 +41,8 @@
 
 #[path = "../support/cpu.rs"]
 mod cpu;
+#[path = "../support/env.rs"]
+mod env;
 #[path = "../support/report.rs"]
 mod report;
 

@@ -33,6 +33,8 @@
 
 #[path = "../support/cpu.rs"]
 mod cpu;
+#[path = "../support/env.rs"]
+mod env;
 #[path = "../support/report.rs"]
 mod report;
 
@@ -68,30 +70,11 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> Self {
-        fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
-            match std::env::var(name) {
-                Ok(value) => value
-                    .parse()
-                    .unwrap_or_else(|_| panic!("{name}={value} is not a valid value")),
-                Err(_) => default,
-            }
+        Self {
+            round: env::seconds("PG_BENCH_SECS", 2.0),
+            rounds: env::var("PG_BENCH_ROUNDS", 5, 1..=100),
+            tasks: env::var("PG_BENCH_TASKS", 16, 1..=64),
         }
-        let secs: f64 = var("PG_BENCH_SECS", 2.0);
-        assert!(secs > 0.0 && secs <= 600.0, "PG_BENCH_SECS in (0, 600]");
-        let settings = Self {
-            round: Duration::from_secs_f64(secs),
-            rounds: var("PG_BENCH_ROUNDS", 5),
-            tasks: var("PG_BENCH_TASKS", 16),
-        };
-        assert!(
-            (1..=100).contains(&settings.rounds),
-            "PG_BENCH_ROUNDS in 1..=100"
-        );
-        assert!(
-            (1..=64).contains(&settings.tasks),
-            "PG_BENCH_TASKS in 1..=64"
-        );
-        settings
     }
 }
 
