@@ -29,6 +29,7 @@ where
 
 /// Seconds from `name` (fractions allowed), more than 0 and at most 600.
 pub(crate) fn seconds(name: &str, default: f64) -> Duration {
-    let secs: f64 = var(name, default, f64::MIN_POSITIVE..=600.0);
+    let secs: f64 = var(name, default, f64::NEG_INFINITY..=f64::INFINITY);
+    assert!(secs > 0.0 && secs <= 600.0, "{name} must be in (0, 600]");
     Duration::from_secs_f64(secs)
 }
