@@ -14,6 +14,9 @@ pub use tower_once_core::IDEMPOTENCY_IN_PROGRESS;
 /// The header added to replayed responses, with the value `true` (as Stripe does).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The largest response body stored for replay unless the layer says otherwise (1 MiB).
+pub(crate) const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
+
 /// The longest lease or retention accepted: longer ones are cut to this (about 100 years).
 pub(crate) use tower_once_core::time::MAX_DURATION;
 
@@ -55,7 +58,7 @@ impl Default for Settings {
             max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
             require_key: false,
             body_limit: 1024 * 1024,
-            response_limit: 1024 * 1024,
+            response_limit: DEFAULT_RESPONSE_LIMIT,
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(24 * 3600),
             fail_open: false,

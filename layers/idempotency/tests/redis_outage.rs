@@ -38,6 +38,36 @@ fn counting_handler() -> (Handler, Arc<AtomicUsize>) {
     (tower::util::BoxCloneSyncService::new(svc), runs)
 }
 
+/// A handler whose first run waits for a permit of the gate (so a test can act while it runs);
+/// later runs answer at once. Counts its runs.
+fn first_run_waits() -> (Handler, Arc<AtomicUsize>, Arc<tokio::sync::Semaphore>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counter, gate2) = (runs.clone(), gate.clone());
+    let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+        let (counter, gate) = (counter.clone(), gate2.clone());
+        async move {
+            if counter.fetch_add(1, SeqCst) == 0 {
+                gate.acquire().await.unwrap().forget();
+            }
+            let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
+            *res.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(res)
+        }
+    });
+    (tower::util::BoxCloneSyncService::new(handler), runs, gate)
+}
+
+/// Waits (bounded) until the first run has started.
+async fn until_running(runs: &AtomicUsize) {
+    for _ in 0..200 {
+        if runs.load(SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 async fn call<S>(svc: S, key: &str) -> (StatusCode, bool)
 where
     S: Service<
@@ -162,30 +192,12 @@ async fn stall_at_completion(cached: bool) -> usize {
     let store = RedisStore::connect_with_timeout(&redis.url(), Duration::from_millis(300))
         .await
         .unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (counter, gate2) = (runs.clone(), gate.clone());
-    let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-        let (counter, gate) = (counter.clone(), gate2.clone());
-        async move {
-            if counter.fetch_add(1, SeqCst) == 0 {
-                gate.acquire().await.unwrap().forget();
-            }
-            let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
-            *res.status_mut() = StatusCode::CREATED;
-            Ok::<_, Infallible>(res)
-        }
-    });
+    let (handler, runs, gate) = first_run_waits();
     let svc = IdempotencyLayer::with_store(store)
         .lease(Duration::from_secs(3))
         .layer(handler);
     let first = tokio::spawn(call(svc.clone(), "pay"));
-    for _ in 0..200 {
-        if runs.load(SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_running(&runs).await;
     assert_eq!(runs.load(SeqCst), 1, "the first handler is running");
     redis.signal("-STOP");
     gate.add_permits(1);
@@ -256,12 +268,7 @@ async fn a_connection_reset_at_completion_runs_the_handler_once() {
     ]);
     runs.store(0, SeqCst);
     let first = tokio::spawn(call(svc.clone(), "pay"));
-    for _ in 0..200 {
-        if runs.load(SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_running(&runs).await;
     assert_eq!(runs.load(SeqCst), 1, "the first handler is running");
     eprintln!("killing");
     let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
@@ -306,29 +313,12 @@ async fn shutdown_waits_for_a_completion_the_store_sends_again() {
     let store = RedisStore::connect_with_timeout(&redis.url(), Duration::from_millis(300))
         .await
         .unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (counter, gate2) = (runs.clone(), gate.clone());
-    let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-        let (counter, gate) = (counter.clone(), gate2.clone());
-        async move {
-            counter.fetch_add(1, SeqCst);
-            gate.acquire().await.unwrap().forget();
-            let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
-            *res.status_mut() = StatusCode::CREATED;
-            Ok::<_, Infallible>(res)
-        }
-    });
+    let (handler, runs, gate) = first_run_waits();
     let layer = IdempotencyLayer::with_store(store).lease(Duration::from_secs(30));
     let detached = layer.detached();
     let svc = layer.layer(handler);
     let first = tokio::spawn(call(svc.clone(), "pay"));
-    for _ in 0..200 {
-        if runs.load(SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_running(&runs).await;
     assert_eq!(runs.load(SeqCst), 1, "the handler is running");
     // Redis stalls as the handler finishes: the completion times out (300 ms).
     redis.signal("-STOP");
@@ -344,7 +334,6 @@ async fn shutdown_waits_for_a_completion_the_store_sends_again() {
         .await
         .expect("the second try lands once Redis is back");
     assert_eq!(detached.running(), 0);
-    gate.add_permits(1); // should the handler run again (it must not)
     let (status, replayed) = call(svc, "pay").await;
     assert_eq!(
         (status, replayed),

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{
-    config, dead_letters, eventually, handler, manager, pending, start, xadd, xadd_fields, Log,
+    config, create_group, dead_letters, eventually, handler, manager, pending, start, xadd,
+    xadd_fields, Log,
 };
 use tower_once_test_support::redis::RedisServer;
 use tower_once_worker::dead_letter::DeadLetters;
@@ -34,15 +35,7 @@ async fn poison_entries_are_dead_lettered_unrun_and_nothing_sticks() {
         Ok(Duration::ZERO)
     });
     // An entry pending in a consumer that died, then deleted from the stream.
-    let _: Value = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("poison")
-        .arg("workers")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    create_group(&mut conn, "poison", "workers").await;
     let ghost = xadd(&mut conn, "poison", "ghost-1", "{}").await;
     let _: Value = redis::cmd("XREADGROUP")
         .arg("GROUP")

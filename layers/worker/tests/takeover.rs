@@ -8,8 +8,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{
-    config, dead_letters, eventually, handler, manager, ok, pending, start, xadd, Log, Tap,
-    CLAIM_IDLE,
+    config, create_group, dead_letters, eventually, handler, manager, ok, pending, start, xadd,
+    Log, Tap, CLAIM_IDLE,
 };
 use tokio::time::Instant;
 use tower_once_test_support::redis::RedisServer;
@@ -20,15 +20,7 @@ use tower_once_worker::Worker;
 async fn a_consumer_dead_right_after_xreadgroup_loses_its_entry_only_after_claim_idle() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
-    redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("jobs")
-        .arg("workers")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    create_group(&mut conn, "jobs", "workers").await;
     xadd(&mut conn, "jobs", "orphan", "{}").await;
     // The "ghost" consumer reads the entry and dies before doing anything with it.
     let read: Value = redis::cmd("XREADGROUP")
@@ -113,15 +105,7 @@ async fn a_slow_job_stays_with_its_live_worker_and_leaves_a_dead_one() {
 async fn a_takeover_batch_gets_its_delivery_counts_past_other_pending_entries() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
-    redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("jobs")
-        .arg("workers")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    create_group(&mut conn, "jobs", "workers").await;
     let mut ids = Vec::new();
     for i in 0..16 {
         ids.push(xadd(&mut conn, "jobs", &format!("e{i}"), "{}").await);

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{manager, xadd, Tap};
+use support::{create_group, manager, xadd, Tap};
 use tower_once_test_support::redis::RedisServer;
 use tower_once_worker::redis::{self, Value};
 use tower_once_worker::{JobId, Producer};
@@ -14,15 +14,7 @@ async fn trimming_never_deletes_a_pending_or_undelivered_entry() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     let producer = Producer::new(conn.clone(), "jobs");
-    redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("jobs")
-        .arg("workers")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    create_group(&mut conn, "jobs", "workers").await;
     let mut ids = Vec::new();
     for i in 0..6 {
         ids.push(
@@ -88,15 +80,7 @@ async fn trimming_sees_a_group_created_just_before_it() {
     let server = RedisServer::start();
     let mut conn = manager(&server.url()).await;
     // Group "workers" has read and acknowledged three entries.
-    let _: Value = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("trim")
-        .arg("workers")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    create_group(&mut conn, "trim", "workers").await;
     let mut ids = Vec::new();
     for i in 0..3 {
         ids.push(xadd(&mut conn, "trim", &format!("job-{i}"), "{}").await);

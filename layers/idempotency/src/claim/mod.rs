@@ -35,29 +35,19 @@ use std::time::Duration;
 ///
 /// In axum, take it as an extractor: `Claim<PostgresStore>`, or `Option<Claim<PostgresStore>>`
 /// for routes where the key is optional. Elsewhere read it from the request's extensions.
+#[derive(Clone)]
 pub struct Claim<St> {
     store: St,
     key: StoreKey,
     token: ClaimToken,
     retention: Duration,
     // The layer's rules for stored responses (deny-listed headers, size limit); `None` for a
-    // job's claim.
+    // job's claim. Read by the stores that complete in transaction (feature `postgres`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     settings: Option<Arc<Settings>>,
-    // Set once the handler completed the record itself: read by `RunOnceLayer`.
-    completed: Arc<AtomicBool>,
-}
-
-impl<St: Clone> Clone for Claim<St> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            key: self.key,
-            token: self.token,
-            retention: self.retention,
-            settings: self.settings.clone(),
-            completed: Arc::clone(&self.completed),
-        }
-    }
+    // A job's claim: set when the handler completed the record itself, read by
+    // `RunOnceLayer`. A request's claim has none (the layer reads a mark on the response).
+    completed: Option<Arc<AtomicBool>>,
 }
 
 impl<St> fmt::Debug for Claim<St> {
@@ -84,7 +74,7 @@ impl<St> Claim<St> {
             token,
             retention: settings.retention,
             settings: Some(settings),
-            completed: Arc::default(),
+            completed: None,
         }
     }
 
@@ -104,7 +94,7 @@ impl<St> Claim<St> {
             token,
             retention,
             settings: None,
-            completed,
+            completed: Some(completed),
         }
     }
 
@@ -128,14 +118,19 @@ impl<St> Claim<St> {
         self.retention
     }
 
-    /// Whether the handler already completed the record itself.
+    /// Whether the handler already completed this job's record itself (`complete_in`); always
+    /// `false` for a request's claim, whose completion marks the response instead.
     pub fn is_completed(&self) -> bool {
-        self.completed.load(Ordering::Acquire)
+        self.completed
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Acquire))
     }
 
     #[cfg(feature = "postgres")]
     pub(crate) fn mark_completed(&self) {
-        self.completed.store(true, Ordering::Release);
+        if let Some(completed) = &self.completed {
+            completed.store(true, Ordering::Release);
+        }
     }
 
     #[cfg(feature = "postgres")]

@@ -24,6 +24,23 @@ pub(crate) async fn manager(url: &str) -> ConnectionManager {
         .unwrap()
 }
 
+/// `XGROUP CREATE <stream> <group> 0 MKSTREAM`: the group reads the stream from its start.
+pub(crate) async fn create_group<C: ConnectionLike + Send>(
+    conn: &mut C,
+    stream: &str,
+    group: &str,
+) {
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async::<()>(conn)
+        .await
+        .unwrap();
+}
+
 pub(crate) async fn xadd<C: ConnectionLike + Send>(
     conn: &mut C,
     stream: &str,

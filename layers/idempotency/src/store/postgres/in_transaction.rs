@@ -2,6 +2,7 @@
 
 use super::PostgresStore;
 use crate::claim::{Claim, ClaimError, StoredBy};
+use crate::config::DEFAULT_RESPONSE_LIMIT;
 use crate::future::storable_headers;
 use crate::store::{Completion, StoredResponse};
 use axum::body::Body;
@@ -10,9 +11,6 @@ use sqlx::PgConnection;
 use std::future::poll_fn;
 use std::ops::DerefMut;
 use tower_once_core::body::{BufferedBody, Collected, Collector};
-
-/// The largest body kept for replay when the claim carries no layer settings (a job's).
-const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
 
 impl Claim<PostgresStore> {
     /// Stores `response` as this request's record on `connection` (your transaction: a
@@ -75,6 +73,7 @@ impl Claim<PostgresStore> {
         let (mut parts, body) = response.into_response().into_parts();
         let (limit, strip) = match self.settings() {
             Some(settings) => (settings.response_limit, settings.strip_headers.as_slice()),
+            // A job's claim carries no layer settings: the layer's defaults.
             None => (DEFAULT_RESPONSE_LIMIT, &[][..]),
         };
         let mut body = Box::pin(body);

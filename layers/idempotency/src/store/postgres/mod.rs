@@ -202,7 +202,7 @@ impl PostgresStore {
         completion: &Completion,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        let statement = completion_statement(&self.shared, key, token, completion, retention);
+        let statement = completion_statement(&self.shared, &key, token, completion, retention);
         let done = statement.execute(connection).await.map_err(from_sqlx)?;
         Ok(done.rows_affected() == 1)
     }
@@ -242,13 +242,13 @@ fn default_table() -> TableName {
 /// The fenced completion statement, with its arguments bound.
 fn completion_statement<'q>(
     shared: &'q Shared,
-    key: StoreKey,
+    key: &'q StoreKey,
     token: ClaimToken,
     completion: &'q Completion,
     retention: Duration,
 ) -> sqlx::query::Query<'q, Postgres, PgArguments> {
     let query = sqlx::query(&shared.queries.complete)
-        .bind(key.as_bytes().to_vec())
+        .bind(key.as_bytes().as_slice())
         .bind(*token.as_uuid());
     match completion {
         Completion::Response(response) => {
@@ -318,7 +318,7 @@ impl IdempotencyStore for PostgresStore {
         retention: Duration,
     ) -> Self::CompleteFuture {
         self.bounded(move |pool, shared| async move {
-            let statement = completion_statement(&shared, key, token, &completion, retention);
+            let statement = completion_statement(&shared, &key, token, &completion, retention);
             Ok(statement.execute(&pool).await?.rows_affected() == 1)
         })
     }
