@@ -3,6 +3,12 @@
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, Response};
 
+/// The trailers of a gRPC response, as a response extension: put there by a layer that read
+/// the body (`tower_once_retry::grpc::GrpcTrailersLayer`), so that classifiers see a status
+/// that arrived in the trailers.
+#[derive(Debug, Clone)]
+pub struct Trailers(pub HeaderMap);
+
 /// Whether a request or response speaks gRPC (`content-type: application/grpc`, with or
 /// without a `+proto`-style suffix).
 ///

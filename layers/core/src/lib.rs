@@ -16,13 +16,17 @@
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod attempt;
 pub mod body;
 pub mod carrier;
 pub mod chain;
+pub mod classify;
 pub mod outage;
+pub mod shard;
 pub mod slots;
 pub mod table;
 pub mod time;
+pub mod unsent;
 
 /// Panics with the one message every tower-once future gives when it is polled again after it
 /// completed (a caller's bug, as for any future).

@@ -21,11 +21,11 @@
 //! two threads may both pass the last unit of allowance, and a count made while its slot turns
 //! over may land in the new slot or be lost.
 
-use crate::shard::{index, Padded, SHARDS};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::shard::{index, Padded, SHARDS};
 
 const SLOTS: u32 = 10;
 

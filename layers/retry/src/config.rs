@@ -4,13 +4,13 @@
 use crate::backoff::Backoff;
 use crate::budget::RetryBudget;
 use crate::hook::Stats;
-use crate::shard::Padded;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_once_core::shard::Padded;
 
 /// What a response future holds of its layer: its thread's copy of the config (see
-/// [`PerThread`](crate::shard::PerThread)).
+/// [`PerThread`](tower_once_core::shard::PerThread)).
 pub(crate) type SharedConfig<C, H> = Arc<Padded<Config<C, H>>>;
 
 #[derive(Clone)]

@@ -14,16 +14,21 @@ pub enum GiveUp {
     Budget,
     /// The classifier said the outcome is final (or the request was not retried at all).
     NotRetryable,
+    /// A circuit breaker below refused the last attempt, and admits no new try before the
+    /// deadline.
+    CircuitOpen,
 }
 
 impl GiveUp {
-    /// A stable lowercase name: `exhausted`, `deadline`, `budget`, `not_retryable`.
+    /// A stable lowercase name: `exhausted`, `deadline`, `budget`, `not_retryable`,
+    /// `circuit_open`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Exhausted => "exhausted",
             Self::Deadline => "deadline",
             Self::Budget => "budget",
             Self::NotRetryable => "not_retryable",
+            Self::CircuitOpen => "circuit_open",
         }
     }
 }
@@ -78,6 +83,8 @@ pub struct RetryError<E> {
     // The last attempt failed at the deadline (an inner timeout cut it): it may still complete.
     cut: bool,
     key: Option<String>,
+    // Attempts a circuit breaker below refused before sending them.
+    refusals: u32,
 }
 
 impl<E> RetryError<E> {
@@ -92,6 +99,7 @@ impl<E> RetryError<E> {
             in_progress: false,
             cut: false,
             key: None,
+            refusals: 0,
         }
     }
 
@@ -107,6 +115,7 @@ impl<E> RetryError<E> {
             in_progress: false,
             cut: false,
             key: None,
+            refusals: 0,
         }
     }
 
@@ -121,6 +130,7 @@ impl<E> RetryError<E> {
             in_progress: true,
             cut: false,
             key: None,
+            refusals: 0,
         }
     }
 
@@ -134,6 +144,13 @@ impl<E> RetryError<E> {
     /// it) after it was sent: it may still complete.
     pub const fn cut_at_deadline(mut self) -> Self {
         self.cut = true;
+        self
+    }
+
+    /// The same error, saying how many of its attempts a circuit breaker below refused
+    /// before sending them.
+    pub(crate) const fn with_refusals(mut self, refusals: u32) -> Self {
+        self.refusals = refusals;
         self
     }
 
@@ -162,6 +179,18 @@ impl<E> RetryError<E> {
     /// after it).
     pub const fn is_deadline(&self) -> bool {
         matches!(self.reason, GiveUp::Deadline)
+    }
+
+    /// Whether the layer gave up because a circuit breaker below refused the last attempt and
+    /// admits no new try before the deadline ([`GiveUp::CircuitOpen`]).
+    pub const fn is_circuit_open(&self) -> bool {
+        matches!(self.reason, GiveUp::CircuitOpen)
+    }
+
+    /// How many attempts a circuit breaker below refused before sending them: those never
+    /// reached the dependency.
+    pub const fn refusals(&self) -> u32 {
+        self.refusals
     }
 
     /// Whether the server said the operation was still running when the layer gave up: it may
@@ -282,5 +311,19 @@ impl<E: fmt::Display> fmt::Display for RetryError<E> {
 impl<E: StdError + 'static> StdError for RetryError<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         self.inner.as_ref().map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// No attempt reached the dependency: there was none, or each one was refused by a circuit
+/// breaker below or failed unsent (the last one's error says so, and every earlier one was
+/// refused). Anything else may have run.
+impl<E: tower_once_core::unsent::Unsent> tower_once_core::unsent::Unsent for RetryError<E> {
+    fn is_unsent(&self) -> bool {
+        self.attempts == 0
+            || (self.refusals.saturating_add(1) >= self.attempts
+                && self
+                    .inner
+                    .as_ref()
+                    .is_some_and(tower_once_core::unsent::Unsent::is_unsent))
     }
 }

@@ -90,9 +90,15 @@ where
                     // or TimeoutLayer reached from this future (an `async` block, a
                     // `oneshot`, a `Buffer`'s future) sees the operation.
                     let deadline = op.deadline();
-                    let Poll::Ready(outcome) = in_attempt(deadline, || future.poll(cx)) else {
+                    let (poll, refused) = in_attempt(op.mark(), deadline, || future.poll(cx));
+                    op.note_refusal(refused);
+                    let Poll::Ready(outcome) = poll else {
                         return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
                     };
+                    if let (true, Some(refused)) = (op.nested, op.refused) {
+                        // The outer retry does the retrying: it needs to know too.
+                        tower_once_core::attempt::refuse(refused);
+                    }
                     match op.next_delay(&outcome) {
                         Ok(delay) => {
                             let until = saturating_add(Instant::now(), delay);
@@ -150,10 +156,11 @@ where
                         op.config.settings.stats.attempt();
                     }
                     let mut request = op.request.clone();
-                    mark(&mut request, op.deadline());
-                    let deadline = op.deadline();
+                    let (attempt, deadline) = (op.mark(), op.deadline());
+                    mark(&mut request, attempt, deadline);
                     let service = &mut op.service;
-                    let future = in_attempt(deadline, || service.call(request));
+                    let (future, refused) = in_attempt(attempt, deadline, || service.call(request));
+                    op.refused = refused;
                     this.state.set(State::Calling { future });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),

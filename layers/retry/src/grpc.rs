@@ -24,7 +24,7 @@
 //! response is read in full before the caller sees it.
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -36,8 +36,7 @@ use tower_once_core::grpc::is_grpc;
 use tower_service::Service;
 
 /// The trailers of a gRPC response read by [`GrpcTrailersLayer`], as a response extension.
-#[derive(Debug, Clone)]
-pub struct Trailers(pub HeaderMap);
+pub use tower_once_core::grpc::Trailers;
 
 /// Reads the trailers of gRPC responses so their status can be classified. See the
 /// [module docs](self).

@@ -14,6 +14,9 @@ pub struct RetryEvent<'a, Res, E> {
     /// Whether the delay came from the server (`Retry-After`, gRPC pushback) rather than the
     /// backoff.
     pub from_server: bool,
+    /// Whether a circuit breaker below refused the attempt before sending it: the delay is
+    /// then the time until the circuit admits a probe.
+    pub refused: bool,
     /// The failed attempt's outcome.
     pub outcome: &'a Result<Res, E>,
 }
@@ -61,8 +64,8 @@ where
 #[derive(Debug, Default)]
 pub struct Stats {
     // Updated on every call: sharded per thread, so cores do not contend for one counter.
-    pub(crate) operations: crate::shard::Counter,
-    pub(crate) attempts: crate::shard::Counter,
+    pub(crate) operations: tower_once_core::shard::Counter,
+    pub(crate) attempts: tower_once_core::shard::Counter,
     pub(crate) retries: AtomicU64,
     pub(crate) budget_refusals: AtomicU64,
     pub(crate) give_ups: AtomicU64,

@@ -4,11 +4,11 @@ use crate::classify::RetryOnError;
 use crate::config::{Config, Settings};
 use crate::hook::StatsSnapshot;
 use crate::service::Retry;
-use crate::shard::PerThread;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_layer::Layer;
+use tower_once_core::shard::PerThread;
 
 /// Retries failed calls of any tower service: classified, backed off with jitter, bounded by
 /// attempts, one deadline and a shared retry budget. See the [crate docs](crate).

@@ -8,6 +8,8 @@ use crate::hook::{OnRetry, RetryEvent};
 use std::sync::PoisonError;
 use std::time::Duration;
 use tokio::time::Instant;
+use tower_once_core::attempt::{Attempt, Refused};
+use tower_once_core::carrier::Carrier;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
@@ -37,6 +39,10 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) previous_delay: Duration,
     /// Made on the first jittered wait: most operations never need one.
     pub(crate) rng: Option<fastrand::Rng>,
+    /// Whether a layer below refused the last attempt before sending it (an open circuit).
+    pub(crate) refused: Option<Refused>,
+    /// How many attempts were refused so: they never reached the dependency.
+    refusals: u32,
 }
 
 impl<S, Req, C, H> Operation<S, Req, C, H> {
@@ -64,6 +70,16 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             nested,
             previous_delay: Duration::ZERO,
             rng: None,
+            refused: None,
+            refusals: 0,
+        }
+    }
+
+    /// Notes what a layer below said of the attempt just called or polled: refused before it
+    /// was sent, or not.
+    pub(crate) fn note_refusal(&mut self, refused: Option<Refused>) {
+        if refused.is_some() {
+            self.refused = refused;
         }
     }
 
@@ -146,7 +162,9 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             None if self.in_progress => RetryError::in_progress(reason, self.attempt),
             None => RetryError::deadline(self.attempt),
         };
-        error.with_elapsed(self.started.map_or(Duration::ZERO, |s| s.elapsed()))
+        error
+            .with_elapsed(self.started.map_or(Duration::ZERO, |s| s.elapsed()))
+            .with_refusals(self.refusals)
     }
 
     /// Ends the operation for `reason`: counted (unless nested, where the outer layer counts)
@@ -164,6 +182,18 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
     }
 }
 
+impl<S, Req: Carrier, C, H> Operation<S, Req, C, H> {
+    /// The mark of the current attempt: its number, or the outer operation's attempt when
+    /// this one is nested in it (so the layers below count the outer operation's attempts).
+    pub(crate) fn mark(&self) -> Attempt {
+        match (self.nested, Attempt::of(&self.request)) {
+            (true, Some(outer)) => outer,
+            (true, None) => Attempt::current().unwrap_or(Attempt::FIRST),
+            (false, _) => Attempt::new(self.attempt),
+        }
+    }
+}
+
 impl<S, Req, C, H> Operation<S, Req, C, H>
 where
     S: Service<Req>,
@@ -176,6 +206,10 @@ where
         outcome: &Result<S::Response, S::Error>,
     ) -> Result<Duration, GiveUp> {
         let settings = &self.config.settings;
+        let refused = self.refused.take();
+        if refused.is_some() {
+            self.refusals += 1;
+        }
         if self.nested {
             return Err(GiveUp::NotRetryable);
         }
@@ -189,15 +223,20 @@ where
         // NOTE: a failure at or after the deadline (an inner timeout that the deadline cut
         // short, say) is never retried, whatever the classifier says: no time is left.
         if now >= self.deadline().instant() {
-            self.cut = outcome.is_err();
+            self.cut = outcome.is_err() && refused.is_none();
             return Err(self.give_up(GiveUp::Deadline));
         }
         if self.attempt >= settings.max_attempts {
             return Err(self.give_up(GiveUp::Exhausted));
         }
-        let (delay, from_server) = match after {
-            Some(after) => (after.min(settings.retry_after_cap), true),
-            None => {
+        // NOTE: an attempt refused by an open circuit below was never sent: wait until the
+        // circuit admits a probe rather than the backoff (never past the deadline), and draw
+        // nothing from the budget, for the dependency saw no load.
+        let circuit_wait = refused.and_then(Refused::retry_after);
+        let (delay, from_server) = match (circuit_wait, after) {
+            (Some(wait), _) => (wait, false),
+            (None, Some(after)) => (after.min(settings.retry_after_cap), true),
+            (None, None) => {
                 let rng = self.rng.get_or_insert_with(|| match &settings.rng {
                     Some(seeded) => seeded.lock().unwrap_or_else(PoisonError::into_inner).fork(),
                     None => fastrand::Rng::new(),
@@ -214,9 +253,13 @@ where
             .checked_add(delay)
             .is_none_or(|end| end >= self.deadline().instant())
         {
-            return Err(self.give_up(GiveUp::Deadline));
+            let reason = match refused {
+                Some(_) => GiveUp::CircuitOpen,
+                None => GiveUp::Deadline,
+            };
+            return Err(self.give_up(reason));
         }
-        if let Some(budget) = &settings.budget {
+        if let (Some(budget), None) = (&settings.budget, refused) {
             if !budget.withdraw() {
                 settings.stats.budget_refusal();
                 return Err(self.give_up(GiveUp::Budget));
@@ -227,12 +270,14 @@ where
             attempt: self.attempt,
             delay,
             from_server,
+            refused: refused.is_some(),
             outcome,
         });
         tracing::info!(
             attempt = self.attempt,
             delay_ms = delay.as_millis() as u64,
             from_server,
+            refused = refused.is_some(),
             "retrying"
         );
         self.previous_delay = delay;

@@ -5,9 +5,9 @@ use crate::error::RetryError;
 use crate::future::ResponseFuture;
 use crate::hook::OnRetry;
 use crate::operation::Operation;
-use crate::shard::PerThread;
 use std::task::{Context, Poll};
 use tower_once_core::carrier::Carrier;
+use tower_once_core::shard::PerThread;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 

@@ -161,3 +161,18 @@ impl<E: StdError + 'static> StdError for TimeoutError<E> {
         }
     }
 }
+
+/// An expiry is never unsent: the call was under way.
+impl tower_once_core::unsent::Unsent for Elapsed {
+    fn is_unsent(&self) -> bool {
+        false
+    }
+}
+
+/// An expiry may have come after the request was sent; the inner error answers for itself.
+impl<E: tower_once_core::unsent::Unsent> tower_once_core::unsent::Unsent for TimeoutError<E> {
+    fn is_unsent(&self) -> bool {
+        self.get_inner()
+            .is_some_and(tower_once_core::unsent::Unsent::is_unsent)
+    }
+}

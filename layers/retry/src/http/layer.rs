@@ -6,10 +6,10 @@ use crate::budget::RetryBudget;
 use crate::classify::{HttpClassifier, HttpDefault};
 use crate::config::Config;
 use crate::hook::StatsSnapshot;
-use crate::shard::PerThread;
 use crate::RetryLayer;
 use std::time::Duration;
 use tower_layer::Layer;
+use tower_once_core::shard::PerThread;
 
 /// The `Idempotency-Key` header, checked and stamped by this layer.
 pub use tower_once_core::IDEMPOTENCY_KEY;

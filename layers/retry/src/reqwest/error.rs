@@ -149,3 +149,14 @@ impl StdError for Error {
         }
     }
 }
+
+/// Unsent when reqwest could not build the request, or no attempt reached the server (see
+/// [`RetryError`]'s answer; reqwest's connect errors are unsent).
+impl tower_once_core::unsent::Unsent for Error {
+    fn is_unsent(&self) -> bool {
+        match &self.kind {
+            Kind::Build(_) => true,
+            Kind::Stack(e) => e.is_unsent(),
+        }
+    }
+}

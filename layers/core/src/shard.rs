@@ -1,5 +1,6 @@
 //! Per-thread shards for what every call updates, so that the request path touches no counter
-//! shared by all cores: each thread writes its own cache line; readers sum the shards.
+//! shared by all cores: each thread writes its own cache line; readers sum the shards. The
+//! retry budget, the retry layer's counters and the circuit breaker's windows are built on it.
 
 use std::cell::Cell;
 use std::ops::Deref;
@@ -8,10 +9,10 @@ use std::sync::Arc;
 
 /// How many shards: threads beyond this share them (a tokio runtime rarely has more workers on
 /// the machines this targets, and sharing only brings back some contention).
-pub(crate) const SHARDS: usize = 8;
+pub const SHARDS: usize = 8;
 
 /// This thread's shard, assigned round-robin on first use.
-pub(crate) fn index() -> usize {
+pub fn index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static INDEX: Cell<Option<usize>> = const { Cell::new(None) };
@@ -29,7 +30,7 @@ pub(crate) fn index() -> usize {
 /// A value alone on its cache line, so that two shards never share one.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-pub(crate) struct Padded<T>(pub(crate) T);
+pub struct Padded<T>(pub T);
 
 impl<T> Deref for Padded<T> {
     type Target = T;
@@ -44,12 +45,13 @@ impl<T> Deref for Padded<T> {
 /// cache line between the cores on every call. The copies must behave as one: whatever they
 /// change, they share (behind `Arc`s of their own).
 #[derive(Debug)]
-pub(crate) struct PerThread<T> {
+pub struct PerThread<T> {
     copies: Arc<[Arc<Padded<T>>; SHARDS]>,
 }
 
 impl<T: Clone> PerThread<T> {
-    pub(crate) fn new(value: T) -> Self {
+    /// One copy of `value` per shard.
+    pub fn new(value: T) -> Self {
         Self {
             copies: Arc::new(std::array::from_fn(|_| Arc::new(Padded(value.clone())))),
         }
@@ -58,12 +60,12 @@ impl<T: Clone> PerThread<T> {
 
 impl<T> PerThread<T> {
     /// This thread's copy, to keep.
-    pub(crate) fn local(&self) -> Arc<Padded<T>> {
+    pub fn local(&self) -> Arc<Padded<T>> {
         Arc::clone(&self.copies[index()])
     }
 
     /// This thread's copy, to read now.
-    pub(crate) fn get(&self) -> &T {
+    pub fn get(&self) -> &T {
         &self.copies[index()]
     }
 }
@@ -78,16 +80,18 @@ impl<T> Clone for PerThread<T> {
 
 /// A counter split over [`SHARDS`] cache lines.
 #[derive(Debug, Default)]
-pub(crate) struct Counter {
+pub struct Counter {
     shards: [Padded<AtomicU64>; SHARDS],
 }
 
 impl Counter {
-    pub(crate) fn increment(&self) {
+    /// Adds one, on this thread's shard.
+    pub fn increment(&self) {
         self.shards[index()].0.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn sum(&self) -> u64 {
+    /// The sum over every shard.
+    pub fn sum(&self) -> u64 {
         self.shards.iter().map(|s| s.0.load(Relaxed)).sum()
     }
 }
