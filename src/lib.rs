@@ -15,6 +15,12 @@
 //!   deadline across attempts and a shared retry budget, for any service whose requests are
 //!   `Clone`; its HTTP form replays non-`Clone` bodies, retries only safe requests and stamps
 //!   idempotency keys. The layer ends an operation at its deadline whatever sits below it.
+//! - [`breaker`] (feature `breaker`): a circuit breaker on the same classifier: fail fast
+//!   while a dependency is failing, probe it after a backed-off break, one circuit per host;
+//!   the retry layer waits for its probe or gives up at once, and a worker stops fetching.
+//! - [`fallback`] (feature `fallback`): send a failed request to a secondary service only
+//!   when that cannot repeat its effect: it certainly did not run, it is idempotent or
+//!   side-effect free, or the secondary shares the primary's idempotency records.
 //! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
 //!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
 //! - [`outbox`] (feature `outbox`): a transactional outbox on Postgres (sqlx) whose relay sends
@@ -107,6 +113,8 @@
 //! | `axum`        | yes     | nothing of its own: records follow the path the client addressed behind axum's `Router::nest` in every build (axum's `OriginalUri`) |
 //! | `retry`       | yes     | [`retry`]: `RetryLayer`, backoff, budget, classifiers (enables `timeout`) |
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
+//! | `breaker`     | yes     | [`breaker`]: `CircuitBreakerLayer`, per-key circuits |
+//! | `fallback`    | yes     | [`fallback`]: `FallbackLayer`, `HttpFallbackLayer` (enables `timeout`) |
 //! | `signal`      | yes     | [`shutdown_signal`]: SIGTERM or SIGINT (Ctrl-C off unix) as a shutdown future (tokio's `signal` feature) |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`, `signal`) |
@@ -129,7 +137,13 @@
 //! | `tower_once_retry_retries_total` | counter | | retries (waits started) |
 //! | `tower_once_retry_delay_seconds` | histogram | | the wait before each retry |
 //! | `tower_once_retry_budget_refusals_total` | counter | | retries the budget refused |
-//! | `tower_once_retry_give_ups_total` | counter | `reason`: `exhausted`, `deadline`, `budget` | operations that ended on a retryable outcome |
+//! | `tower_once_retry_give_ups_total` | counter | `reason`: `exhausted`, `deadline`, `budget`, `circuit_open` | operations that ended on a retryable outcome |
+//! | `tower_once_breaker_transitions_total` | counter | `to`: `closed`, `open`, `half_open`, `isolated` | circuit state changes |
+//! | `tower_once_breaker_refusals_total` | counter | `state`: `open`, `half_open`, `isolated` | calls a circuit refused |
+//! | `tower_once_breaker_state` | gauge | `circuit` | each circuit's state: 0 closed, 1 open, 2 half-open, 3 isolated |
+//! | `tower_once_breaker_circuits` | gauge | | keyed circuits held |
+//! | `tower_once_fallback_fallbacks_total` | counter | `reason`: `unsent`, `idempotent`, `side_effect_free`, `shared_records` | requests sent to the secondary |
+//! | `tower_once_fallback_withheld_total` | counter | | failed requests kept from the secondary because they may have run |
 //! | `tower_once_timeout_timeouts_total` | counter | `bound`: `limit`, `deadline`; `layer`: `timeout`, `http_body`, `server` | expiries |
 //! | `tower_once_worker_processed_total` | counter | | deliveries whose handler succeeded (acknowledged) |
 //! | `tower_once_worker_failed_total` | counter | | deliveries whose handler failed or missed its deadline |
@@ -161,6 +175,16 @@ pub use tower_once_retry as retry;
 #[cfg_attr(docsrs, doc(cfg(feature = "timeout")))]
 #[doc(inline)]
 pub use tower_once_timeout as timeout;
+
+#[cfg(feature = "breaker")]
+#[cfg_attr(docsrs, doc(cfg(feature = "breaker")))]
+#[doc(inline)]
+pub use tower_once_breaker as breaker;
+
+#[cfg(feature = "fallback")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fallback")))]
+#[doc(inline)]
+pub use tower_once_fallback as fallback;
 
 #[cfg(feature = "worker")]
 #[cfg_attr(docsrs, doc(cfg(feature = "worker")))]

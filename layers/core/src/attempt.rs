@@ -81,11 +81,15 @@ impl Attempt {
 
     /// The attempt `request` belongs to: the one it carries, else the one in scope.
     pub fn of<R: Carrier + ?Sized>(request: &R) -> Option<Self> {
+        Self::carried(request).or_else(Self::current)
+    }
+
+    /// The attempt `request` carries, if it is a [`Carrier`] with one.
+    pub fn carried<R: Carrier + ?Sized>(request: &R) -> Option<Self> {
         request
             .extensions()
             .and_then(|e| e.get::<Attempt>())
             .copied()
-            .or_else(Self::current)
     }
 
     /// Puts this attempt on `request` (when it is a [`Carrier`]), to travel with it.
@@ -143,6 +147,18 @@ pub fn refuse(refused: Refused) {
         let mut scope = s.get();
         if scope.attempt.is_some() {
             scope.refused = Some(refused);
+            s.set(scope);
+        }
+    });
+}
+
+/// Takes back a refusal reported in the attempt in scope: for a layer that went on after it
+/// (a fallback that sent the request elsewhere), so that the attempt's outcome is not taken
+/// for the refusal.
+pub fn withdraw_refusal() {
+    SCOPE.with(|s| {
+        let mut scope = s.get();
+        if scope.refused.take().is_some() {
             s.set(scope);
         }
     });

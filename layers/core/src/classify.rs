@@ -239,7 +239,7 @@ fn server_delay(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// Whether an idempotency server marked its answer "still in progress"
-/// ([`IDEMPOTENCY_IN_PROGRESS`](crate::IDEMPOTENCY_IN_PROGRESS)`: true`).
+/// ([`IDEMPOTENCY_IN_PROGRESS`]`: true`).
 pub fn says_in_progress(headers: &HeaderMap) -> bool {
     headers
         .get(IDEMPOTENCY_IN_PROGRESS)

@@ -17,11 +17,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod attempt;
+pub mod backoff;
 pub mod body;
 pub mod carrier;
 pub mod chain;
 pub mod classify;
 pub mod outage;
+pub mod resend;
 pub mod shard;
 pub mod slots;
 pub mod table;

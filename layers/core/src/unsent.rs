@@ -11,8 +11,8 @@
 //! | error | unsent when |
 //! |---|---|
 //! | `std::io::Error` | its kind is `ConnectionRefused` |
-//! | a boxed error (`Box<dyn Error + Send + Sync>`) | an error in its `source()` chain is a refused `io::Error` or a [`Refused`](crate::attempt::Refused) |
-//! | [`Refused`](crate::attempt::Refused) (an open circuit's refusal) | always |
+//! | a boxed error (`Box<dyn Error + Send + Sync>`) | an error in its `source()` chain is a refused `io::Error` or a [`Refused`] |
+//! | [`Refused`] (an open circuit's refusal) | always |
 //! | `tower_once_breaker::BreakerError` | the circuit refused the call, or the inner error is unsent |
 //! | `tower_once_timeout::{Elapsed, TimeoutError}` | never for an expiry (the call was under way); the inner error's answer otherwise |
 //! | `tower_once_retry::RetryError` | no attempt was sent: each one was refused by a circuit, or failed unsent |

@@ -27,6 +27,9 @@
 //!   about 20 % load, not four times as much.
 //! - **Nested layers do not multiply**: a `Retry` called inside another's attempt makes one
 //!   attempt and leaves retrying to the outer one.
+//! - **A circuit breaker below is heard**: an attempt its circuit refused was never sent; the
+//!   layer waits for the circuit's probe instead of its backoff, or gives up at once
+//!   ([`RetryError::is_circuit_open`]) when that would be past the deadline.
 //!
 //! # What crosses a `Buffer` or a spawned task
 //!
@@ -82,6 +85,7 @@
 //! | retry, but the attempt limit is reached | returns the outcome ([`GiveUp::Exhausted`]) |
 //! | retry, but the wait would end past the deadline | returns the outcome at once ([`GiveUp::Deadline`]) |
 //! | retry, but the budget refuses | returns the outcome ([`GiveUp::Budget`]) |
+//! | retry, and a circuit breaker below refused the attempt before sending it | waits until the circuit admits a probe, not the backoff, and draws nothing from the budget; when that is past the deadline, returns at once ([`GiveUp::CircuitOpen`], the refusal as the inner error) |
 //! | retry | calls the hook, waits, drives the service to readiness, calls it again with a clone of the request |
 //! | in progress (the server is still running it) | as retry; when the layer gives up, `Err` with [`RetryError::is_in_progress`] instead of the outcome |
 //! | the deadline passes before an attempt could start, during a wait, or during an attempt | `Err` with [`RetryError::is_deadline`] and no inner error |
@@ -120,8 +124,10 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod attempt;
-pub mod backoff;
 pub mod budget;
+/// How long to wait before the next attempt: exponential backoff with jitter (shared with the
+/// circuit breaker's backed-off trips; from [`tower_once_core::backoff`]).
+pub use tower_once_core::backoff;
 pub mod classify;
 mod config;
 mod error;

@@ -19,6 +19,8 @@ use crate::error::{BoxError, JobError};
 use crate::run_once::RunOnceError;
 use std::convert::Infallible;
 use std::time::Duration;
+use tower_once_breaker::BreakerError;
+use tower_once_core::attempt::Refused;
 use tower_once_retry::classify::{Action, Classify};
 use tower_once_retry::RetryError;
 
@@ -74,10 +76,14 @@ impl Permanence for BoxError {
 }
 
 /// The first [`JobError`] mark in a boxed error's `source()` chain: its permanence and delay.
+/// A circuit breaker's refusal is transient, redelivered when the circuit admits a probe.
 fn job_error(error: &BoxError) -> Option<(bool, Option<Duration>)> {
     tower_once_core::chain::find_map(&**error, |err| {
         if let Some(job) = err.downcast_ref::<JobError>() {
             return Some((job.is_permanent(), job.redelivery_delay()));
+        }
+        if let Some(refused) = err.downcast_ref::<Refused>() {
+            return Some((false, refused.retry_after()));
         }
         let job = err.downcast_ref::<RunOnceError<JobError>>()?;
         Some((job.is_permanent(), job.redelivery_delay()))
@@ -92,6 +98,21 @@ impl<E: Permanence> Permanence for RetryError<E> {
 
     fn redelivery_delay(&self) -> Option<Duration> {
         self.get_inner().and_then(Permanence::redelivery_delay)
+    }
+}
+
+impl<E: Permanence> Permanence for BreakerError<E> {
+    /// A refusal by an open circuit is transient: the job was not run, and is redelivered when
+    /// the circuit admits a probe (or after `claim_idle`). The inner error decides otherwise.
+    fn is_permanent(&self) -> bool {
+        self.get_inner().is_some_and(Permanence::is_permanent)
+    }
+
+    fn redelivery_delay(&self) -> Option<Duration> {
+        match self.get_inner() {
+            Some(inner) => inner.redelivery_delay(),
+            None => self.retry_after(),
+        }
     }
 }
 

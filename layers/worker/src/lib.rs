@@ -43,17 +43,23 @@
 //!
 //! | delivery | Redis action |
 //! |---|---|
-//! | new entry | `XREADGROUP GROUP <g> <me> COUNT <free slots> BLOCK <ms> STREAMS <s> >` (delivery count 1) |
+//! | before any fetch | the handler service is asked for readiness, once per entry to fetch: a handler that is not ready (a circuit breaker gating on an open circuit, a concurrency limit) holds the fetch back, so no job is taken that could not run |
+//! | new entry | `XREADGROUP GROUP <g> <me> COUNT <ready slots> BLOCK <ms> STREAMS <s> >` (delivery count 1) |
 //! | entry idle > `claim_idle` in any consumer (crashed, or left pending) | `XAUTOCLAIM` (cursor kept between calls), delivery counts from one `XPENDING` per batch (plus one per entry a long pending list pushed out of its reply) |
 //! | delivery count > `max_deliveries` | dead-lettered (`reason` `max_deliveries`), handler not called |
 //! | no valid `job_id` field | dead-lettered (`reason` `malformed`), handler not called |
 //! | handler running | `XCLAIM <s> <g> <me> 0 <id> JUSTID` every `claim_idle / 3` for entries still ours (one script call for all) |
 //! | `Ok` (classified `Success`) | `XACK`, batched with other finished jobs |
 //! | `Err` classified `Retry` (default: any error not marked permanent), or the job deadline passes | nothing: stays pending, redelivered after `claim_idle` |
-//! | `Err` classified `Retry { after: Some(d) }` ([`JobError::redeliver_after`]) | `XCLAIM ... IDLE <claim_idle - d> JUSTID` (while still ours): redelivered after about `d`, at most `claim_idle` |
+//! | `Err` classified `Retry { after: Some(d) }` ([`JobError::redeliver_after`]; a circuit breaker's refusal, with the time until its probe) | `XCLAIM ... IDLE <claim_idle - d> JUSTID` (while still ours): redelivered after about `d`, at most `claim_idle` |
 //! | `Err` classified `Stop` ([`JobError::permanent`]) | `MULTI; XADD <s>:dead ...; XACK; EXEC` (`reason` `permanent`) |
 //! | shutdown | stop reading (a read in progress finishes, within `BLOCK`); in-flight jobs finish within the grace period and are acknowledged; the rest stay pending |
 //! | Redis unreachable | back off (100 ms doubling to 5 s; a warning on the 1st, 2nd, 4th, 8th... failure in a row), reconnect, recreate the group if it was lost |
+//!
+//! A dependency's outage should not spend deliveries: put a circuit breaker with
+//! `gate_readiness(true)` (`tower_once::breaker`) in the handler, and while its circuit is
+//! open the worker fetches nothing; only its probes are delivered, one at a time, so an outage
+//! far longer than `max_deliveries × claim_idle` dead-letters nothing.
 //!
 //! Delivery counts come from Redis, not memory, so they survive crashes. Dead letters carry
 //! `job_id`, `payload`, `reason`, `deliveries`, `stream_id`, `error`, `consumer`, `dead_at`

@@ -195,20 +195,26 @@ impl<S, C, Conn> Worker<S, C, Conn> {
                 }
                 continue;
             }
+            // NOTE: no entry is fetched that its handler is not ready to run: one ready
+            // service per entry. A handler that is not ready (a circuit breaker gating on an
+            // open circuit, a concurrency limit) holds the fetch back, so an outage of its
+            // dependency costs no delivery and dead-letters nothing.
+            let ready = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                ready = ready_services(self.service.clone(), free.min(ctx.config.batch_size)) => ready,
+            };
             // NOTE: a read is never cancelled. A dropped XREADGROUP may still be queued in the
             // connection and reach Redis later, handing entries to a consumer that has stopped
             // (they would wait a claim_idle for a takeover). It returns within `block`; its
             // entries then run within the shutdown grace.
-            let fetched = fetch.next(&ctx, free).await;
+            let fetched = fetch.next(&ctx, ready.len()).await;
             match fetched {
                 Ok(batch) => {
-                    for (entry, deliveries) in batch {
-                        tasks.spawn(consume::process(
-                            ctx.clone(),
-                            self.service.clone(),
-                            entry,
-                            deliveries,
-                        ));
+                    // Services readied beyond the batch are dropped: what they hold (a
+                    // half-open circuit's probe) goes back.
+                    for ((entry, deliveries), service) in batch.into_iter().zip(ready) {
+                        tasks.spawn(consume::process(ctx.clone(), service, entry, deliveries));
                     }
                 }
                 Err(e) => {
@@ -230,6 +236,32 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         let _ = tokio::time::timeout(command_timeout * 2, &mut acker.0).await;
         report
     }
+}
+
+/// Up to `want` clones of `service`, each ready for one call: waits for the first, then takes
+/// as many more as are ready at once. A clone whose readiness fails is kept: its delivery
+/// meets the error and classifies it as the handler's outcome.
+async fn ready_services<S, Req>(service: S, want: usize) -> Vec<S>
+where
+    S: Service<Req> + Clone,
+{
+    let mut first = service.clone();
+    let _ = std::future::poll_fn(|cx| first.poll_ready(cx)).await;
+    let mut ready = Vec::with_capacity(want.max(1));
+    ready.push(first);
+    // NOTE: the closure owns the service (a `&S` held across the await would ask `S: Sync`
+    // of every handler).
+    std::future::poll_fn(move |cx| {
+        while ready.len() < want {
+            let mut next = service.clone();
+            match next.poll_ready(cx) {
+                std::task::Poll::Pending => break,
+                std::task::Poll::Ready(_) => ready.push(next),
+            }
+        }
+        std::task::Poll::Ready(std::mem::take(&mut ready))
+    })
+    .await
 }
 
 /// Whether `future` has completed, without waiting for it.

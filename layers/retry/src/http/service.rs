@@ -9,9 +9,10 @@ use crate::error::{GiveUp, RetryError};
 use crate::hook::OnRetry;
 use crate::operation::Operation;
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use std::task::{Context, Poll};
+use tower_once_core::resend::{may_resend, stamp_idempotency_key};
 use tower_once_core::shard::PerThread;
 use tower_once_core::time::saturating_add;
 use tower_once_core::IDEMPOTENCY_KEY;
@@ -64,28 +65,9 @@ impl<S: std::fmt::Debug, C, H> std::fmt::Debug for HttpRetry<S, C, H> {
     }
 }
 
-/// Whether a request may be sent more than once.
-fn is_safe<B>(req: &Request<B>) -> bool {
-    matches!(
-        *req.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    ) || req.headers().contains_key(IDEMPOTENCY_KEY)
-        || req.extensions().get::<SafeToRetry>().is_some()
-}
-
-/// A request extension that says "this request may be sent more than once": its effect is
-/// idempotent, or it has none (an LLM completion, a search). The HTTP retry layer then retries a
-/// `POST` or `PATCH` without an `Idempotency-Key` (and sends none), for providers that ignore
-/// the header.
-///
-/// ```
-/// use tower_once_retry::http::SafeToRetry;
-///
-/// let mut completion = http::Request::post("https://llm.example/v1/messages").body(()).unwrap();
-/// completion.extensions_mut().insert(SafeToRetry);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SafeToRetry;
+/// A request extension that says "this request may be sent more than once" (from
+/// [`tower_once_core::resend`], where the rule every layer applies lives).
+pub use tower_once_core::resend::SafeToRetry;
 
 impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
 where
@@ -122,18 +104,13 @@ where
         }
         // NOTE: a request marked safe to retry gets no key: it may go to a provider that
         // ignores (or refuses) the header.
-        let stampable = matches!(*req.method(), Method::POST | Method::PATCH)
-            && req.extensions().get::<SafeToRetry>().is_none();
-        if self.stamp && stampable && !req.headers().contains_key(IDEMPOTENCY_KEY) {
-            let key = uuid::Uuid::new_v4().hyphenated().to_string();
-            if let Ok(value) = HeaderValue::from_str(&key) {
-                req.headers_mut().insert(IDEMPOTENCY_KEY, value);
-            }
+        if self.stamp {
+            stamp_idempotency_key(&mut req);
         }
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
         let started = started(&req);
-        if !is_safe(&req) {
+        if !may_resend(&req) {
             tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
             let stats = &self.config.get().settings.stats;
             stats.operation();

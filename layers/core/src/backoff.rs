@@ -34,7 +34,7 @@ pub enum Jitter {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_once_retry::backoff::{Backoff, Jitter};
+/// use tower_once_core::backoff::{Backoff, Jitter};
 ///
 /// let backoff = Backoff::new(Duration::from_millis(100), 2.0, Duration::from_secs(1))
 ///     .unwrap()

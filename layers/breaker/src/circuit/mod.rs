@@ -1,0 +1,480 @@
+//! One circuit: its state machine, its counts, and the decisions made on them.
+//!
+//! Reads are lock-free: a call in the closed state loads one word. Counting a probe in or out
+//! is one compare-and-swap on that word. Transitions (trip, half-open, close, by hand) take a
+//! mutex only one transition at a time holds, so the break's end and the half-open start are
+//! written before the new state is published; no call ever waits on it in the closed state.
+
+pub(crate) mod window;
+pub(crate) mod word;
+
+use self::window::Window;
+use self::word::Word;
+use crate::config::{Policy, Trip};
+use crate::hook::{Reason, StateChange};
+use crate::CircuitState;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A circuit, shared by every call that goes through it.
+#[derive(Debug, Clone)]
+pub(crate) struct Circuit {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    name: Arc<str>,
+    word: AtomicU64,
+    /// When the break ends (nanoseconds since the policy's origin), while open.
+    open_until: AtomicU64,
+    /// When it became half-open, while half-open.
+    half_open_since: AtomicU64,
+    /// Trips in a row since it last closed on probes (for the break's backoff).
+    trips: AtomicU32,
+    /// The last break, for decorrelated jitter.
+    last_break: AtomicU64,
+    /// Failures in a row (consecutive mode).
+    consecutive: AtomicU32,
+    /// The sampling window (ratio mode).
+    window: Option<Window>,
+    transitions: Mutex<()>,
+    policy: Arc<Policy>,
+}
+
+/// How a call was let through: in the closed state (counted or not), or as a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admitted {
+    Closed { generation: u32, counted: bool },
+    Probe { generation: u32 },
+}
+
+/// What an outcome means to the circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Success,
+    Failure,
+    /// The caller's fault, or "still in progress": says nothing of the dependency's health.
+    Neutral,
+}
+
+/// Why a call was refused, and when a probe is admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) state: CircuitState,
+    pub(crate) retry_after: Option<Duration>,
+}
+
+impl Circuit {
+    pub(crate) fn new(name: Arc<str>, policy: Arc<Policy>) -> Self {
+        let window = match policy.trip {
+            Trip::Ratio { window, .. } => Some(Window::new(window)),
+            Trip::Consecutive(_) => None,
+        };
+        Self {
+            shared: Arc::new(Shared {
+                name,
+                word: AtomicU64::new(Word::INITIAL.0),
+                open_until: AtomicU64::new(0),
+                half_open_since: AtomicU64::new(0),
+                trips: AtomicU32::new(0),
+                last_break: AtomicU64::new(0),
+                consecutive: AtomicU32::new(0),
+                window,
+                transitions: Mutex::new(()),
+                policy,
+            }),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.shared.name
+    }
+
+    fn word(&self) -> Word {
+        Word(self.shared.word.load(Acquire))
+    }
+
+    pub(crate) fn state(&self) -> CircuitState {
+        self.word().state()
+    }
+
+    /// Nanoseconds since the policy's origin.
+    fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.shared.policy.origin))
+    }
+
+    /// Lets a call through, or says why not. `counted`: whether its outcome may count in the
+    /// closed state (the first attempt of an operation, or every call).
+    #[inline]
+    pub(crate) fn admit(&self, counted: bool) -> Result<Admitted, Refusal> {
+        let word = self.word();
+        if word.state() == CircuitState::Closed {
+            return Ok(Admitted::Closed {
+                generation: word.generation(),
+                counted,
+            });
+        }
+        self.admit_slow(word, counted)
+    }
+
+    #[cold]
+    fn admit_slow(&self, mut word: Word, counted: bool) -> Result<Admitted, Refusal> {
+        let now = self.now();
+        let shared = &self.shared;
+        loop {
+            match word.state() {
+                CircuitState::Closed => {
+                    return Ok(Admitted::Closed {
+                        generation: word.generation(),
+                        counted,
+                    })
+                }
+                CircuitState::Isolated => {
+                    return Err(Refusal {
+                        state: CircuitState::Isolated,
+                        retry_after: None,
+                    })
+                }
+                CircuitState::Open => {
+                    let until = shared.open_until.load(Acquire);
+                    if now < until {
+                        return Err(Refusal {
+                            state: CircuitState::Open,
+                            retry_after: Some(Duration::from_nanos(until - now)),
+                        });
+                    }
+                    // The break is over: this call moves the circuit to half-open and is its
+                    // first probe.
+                    if let Some(next) =
+                        self.transition(word, CircuitState::HalfOpen, Reason::BreakOver, now)
+                    {
+                        return Ok(Admitted::Probe {
+                            generation: next.generation(),
+                        });
+                    }
+                }
+                CircuitState::HalfOpen => {
+                    let since = shared.half_open_since.load(Acquire);
+                    let limit = nanos(shared.policy.max_half_open);
+                    if now.saturating_sub(since) >= limit {
+                        // NOTE: half-open can never get stuck: probes that hang (or a circuit
+                        // nobody calls) open it again after the longest wait.
+                        self.transition(word, CircuitState::Open, Reason::HalfOpenTimeout, now);
+                    } else if word.probes() + word.successes() < shared.policy.probes {
+                        let next = word.with_counts(word.probes() + 1, word.successes());
+                        if shared
+                            .word
+                            .compare_exchange(word.0, next.0, AcqRel, Acquire)
+                            .is_ok()
+                        {
+                            return Ok(Admitted::Probe {
+                                generation: word.generation(),
+                            });
+                        }
+                    } else {
+                        return Err(Refusal {
+                            state: CircuitState::HalfOpen,
+                            retry_after: None,
+                        });
+                    }
+                }
+            }
+            word = self.word();
+        }
+    }
+
+    /// Counts the outcome of a call it let through.
+    #[inline]
+    pub(crate) fn record(&self, admitted: Admitted, outcome: Outcome) {
+        match admitted {
+            Admitted::Closed {
+                generation,
+                counted,
+            } => {
+                if counted && outcome != Outcome::Neutral {
+                    self.record_closed(generation, outcome == Outcome::Failure);
+                }
+            }
+            Admitted::Probe { generation } => self.record_probe(generation, outcome),
+        }
+    }
+
+    fn record_closed(&self, generation: u32, failure: bool) {
+        let word = self.word();
+        // A call let through in an earlier closed period says nothing of this one.
+        if word.state() != CircuitState::Closed || word.generation() != generation {
+            return;
+        }
+        let shared = &self.shared;
+        match (shared.policy.trip, &shared.window) {
+            (
+                Trip::Ratio {
+                    ratio,
+                    min_throughput,
+                    ..
+                },
+                Some(window),
+            ) => {
+                let now = self.now();
+                let epoch = window.epoch(now);
+                window.record(epoch, failure);
+                if failure {
+                    let sums = window.sums(epoch);
+                    if sums.total >= u64::from(min_throughput)
+                        && sums.failures as f64 >= ratio * sums.total as f64
+                    {
+                        self.transition(word, CircuitState::Open, Reason::Failures, now);
+                    }
+                }
+            }
+            (Trip::Consecutive(n), _) => {
+                if failure {
+                    if shared.consecutive.fetch_add(1, AcqRel).saturating_add(1) >= n {
+                        self.transition(word, CircuitState::Open, Reason::Failures, self.now());
+                    }
+                } else if shared.consecutive.load(Relaxed) != 0 {
+                    // Written only when there is something to reset: a success in a healthy
+                    // circuit reads a line every core shares and writes nothing.
+                    shared.consecutive.store(0, Relaxed);
+                }
+            }
+            (Trip::Ratio { .. }, None) => {}
+        }
+    }
+
+    fn record_probe(&self, generation: u32, outcome: Outcome) {
+        let shared = &self.shared;
+        let mut word = self.word();
+        loop {
+            if word.state() != CircuitState::HalfOpen || word.generation() != generation {
+                return;
+            }
+            let probes = word.probes().saturating_sub(1);
+            let next = match outcome {
+                Outcome::Failure => {
+                    self.transition(word, CircuitState::Open, Reason::ProbeFailed, self.now());
+                    return;
+                }
+                Outcome::Success if word.successes() + 1 >= shared.policy.probes => {
+                    self.transition(
+                        word,
+                        CircuitState::Closed,
+                        Reason::ProbesSucceeded,
+                        self.now(),
+                    );
+                    return;
+                }
+                Outcome::Success => word.with_counts(probes, word.successes() + 1),
+                Outcome::Neutral => word.with_counts(probes, word.successes()),
+            };
+            match shared
+                .word
+                .compare_exchange(word.0, next.0, AcqRel, Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => word = Word(actual),
+            }
+        }
+    }
+
+    /// A call let through that ended without an outcome (its future was dropped): a probe's
+    /// place is given back, undecided.
+    pub(crate) fn release(&self, admitted: Admitted) {
+        if let Admitted::Probe { generation } = admitted {
+            self.record_probe(generation, Outcome::Neutral);
+        }
+    }
+
+    /// Moves the circuit from `from`'s period to `to`, unless another transition got there
+    /// first. Returns the new word.
+    fn transition(&self, from: Word, to: CircuitState, reason: Reason, now: u64) -> Option<Word> {
+        let shared = &self.shared;
+        let guard = shared
+            .transitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.word();
+        if !current.same_period(from) {
+            return None;
+        }
+        let mut open_for = None;
+        match to {
+            CircuitState::Open => {
+                let trips = shared.trips.load(Relaxed).saturating_add(1);
+                shared.trips.store(trips, Relaxed);
+                let length = self.break_length(trips);
+                open_for = Some(length);
+                shared
+                    .open_until
+                    .store(now.saturating_add(nanos(length)), Release);
+            }
+            CircuitState::HalfOpen => shared.half_open_since.store(now, Release),
+            CircuitState::Closed => {
+                if reason != Reason::Manual || from.state() != CircuitState::Closed {
+                    shared.consecutive.store(0, Relaxed);
+                    if let Some(window) = &shared.window {
+                        window.reset(window.epoch(now));
+                    }
+                }
+                if reason == Reason::ProbesSucceeded {
+                    shared.trips.store(0, Relaxed);
+                }
+            }
+            CircuitState::Isolated => {}
+        }
+        // The first probe is the call that found the break over.
+        let next = match to {
+            CircuitState::HalfOpen => current.next(to).with_counts(1, 0),
+            _ => current.next(to),
+        };
+        // NOTE: only probe counts change the word outside this lock: retry until it holds.
+        while let Err(actual) = shared
+            .word
+            .compare_exchange(current.0, next.0, AcqRel, Acquire)
+        {
+            current = Word(actual);
+        }
+        drop(guard);
+        self.announce(from.state(), to, reason, open_for);
+        Some(next)
+    }
+
+    /// The `trips`th break in a row: the policy's backoff, jittered.
+    fn break_length(&self, trips: u32) -> Duration {
+        let shared = &self.shared;
+        let previous = Duration::from_nanos(shared.last_break.load(Relaxed));
+        let length = match &shared.policy.rng {
+            Some(rng) => {
+                let mut rng = rng.lock().unwrap_or_else(PoisonError::into_inner);
+                shared.policy.breaks.delay(trips, previous, &mut rng)
+            }
+            None => shared
+                .policy
+                .breaks
+                .delay(trips, previous, &mut fastrand::Rng::new()),
+        };
+        shared.last_break.store(nanos(length), Relaxed);
+        length
+    }
+
+    fn announce(
+        &self,
+        from: CircuitState,
+        to: CircuitState,
+        reason: Reason,
+        open_for: Option<Duration>,
+    ) {
+        let circuit = &*self.shared.name;
+        crate::metrics::transition(circuit, to);
+        match to {
+            CircuitState::Open | CircuitState::Isolated => tracing::warn!(
+                circuit,
+                from = from.as_str(),
+                to = to.as_str(),
+                reason = reason.as_str(),
+                open_ms = open_for.map(|d| d.as_millis() as u64),
+                "circuit opened"
+            ),
+            _ => tracing::info!(
+                circuit,
+                from = from.as_str(),
+                to = to.as_str(),
+                reason = reason.as_str(),
+                "circuit state changed"
+            ),
+        }
+        if let Some(hook) = &self.shared.policy.on_change {
+            hook(&StateChange {
+                circuit,
+                from,
+                to,
+                reason,
+                open_for,
+            });
+        }
+    }
+
+    /// Opens it by hand, until [`close`](Self::close).
+    pub(crate) fn isolate(&self) {
+        loop {
+            let word = self.word();
+            if word.state() == CircuitState::Isolated
+                || self
+                    .transition(word, CircuitState::Isolated, Reason::Manual, self.now())
+                    .is_some()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Closes it by hand with an empty window; `forget_trips` also restarts the break backoff.
+    pub(crate) fn close(&self, forget_trips: bool) {
+        loop {
+            let word = self.word();
+            if word.state() == CircuitState::Closed
+                || self
+                    .transition(word, CircuitState::Closed, Reason::Manual, self.now())
+                    .is_some()
+            {
+                break;
+            }
+        }
+        if forget_trips {
+            let _guard = self
+                .shared
+                .transitions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.shared.trips.store(0, Relaxed);
+            self.shared.consecutive.store(0, Relaxed);
+            if let Some(window) = &self.shared.window {
+                window.reset(window.epoch(self.now()));
+            }
+        }
+    }
+
+    /// How long until its answer to a call may change (the break's end, a half-open circuit's
+    /// probes); `None` when closed (it admits now) or isolated (only a person changes it).
+    pub(crate) fn next_change(&self) -> Option<Duration> {
+        let word = self.word();
+        let now = self.now();
+        match word.state() {
+            CircuitState::Closed | CircuitState::Isolated => None,
+            CircuitState::Open => Some(Duration::from_nanos(
+                self.shared.open_until.load(Acquire).saturating_sub(now),
+            )),
+            CircuitState::HalfOpen => {
+                let ends = self
+                    .shared
+                    .half_open_since
+                    .load(Acquire)
+                    .saturating_add(nanos(self.shared.policy.max_half_open));
+                Some(Duration::from_nanos(ends.saturating_sub(now)))
+            }
+        }
+    }
+
+    /// Whether forgetting it loses nothing: closed, with no failure counted.
+    pub(crate) fn is_idle(&self) -> bool {
+        let shared = &self.shared;
+        if self.state() != CircuitState::Closed || shared.consecutive.load(Relaxed) != 0 {
+            return false;
+        }
+        match &shared.window {
+            Some(window) => window.sums(window.epoch(self.now())).failures == 0,
+            None => true,
+        }
+    }
+}
+
+/// A duration in nanoseconds, saturating (about 584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

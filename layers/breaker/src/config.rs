@@ -1,0 +1,146 @@
+//! The settings of one breaker layer and their defaults, shared by the layer, its services,
+//! their futures and every circuit.
+
+use crate::hook::StateChange;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use tower_once_core::backoff::{Backoff, Jitter};
+
+/// The state-change hook, shared by every circuit of a layer.
+pub(crate) type OnChange = Arc<dyn Fn(&StateChange<'_>) + Send + Sync>;
+
+/// When a closed circuit opens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Trip {
+    /// `ratio` of the calls in the last `window` failed, and there were at least
+    /// `min_throughput` of them.
+    Ratio {
+        ratio: f64,
+        min_throughput: u32,
+        window: Duration,
+    },
+    /// `n` failures in a row.
+    Consecutive(u32),
+}
+
+/// What every circuit of a layer follows.
+pub(crate) struct Policy {
+    pub(crate) trip: Trip,
+    /// How long a circuit stays open: the `n`th trip in a row waits `breaks.delay(n)`.
+    pub(crate) breaks: Backoff,
+    /// Probes a half-open circuit admits at once; that many successes close it.
+    pub(crate) probes: u32,
+    /// The longest a circuit stays half-open without a decision before it opens again.
+    pub(crate) max_half_open: Duration,
+    /// Successful calls slower than this count as failures.
+    pub(crate) slow_call: Option<Duration>,
+    /// Count every attempt of a retried operation, not only its first.
+    pub(crate) every_attempt: bool,
+    /// The most circuits with keys of their own.
+    pub(crate) max_circuits: usize,
+    /// A seeded generator for the breaks' jitter (tests); `None`: fastrand's thread-local one.
+    pub(crate) rng: Option<Mutex<fastrand::Rng>>,
+    pub(crate) on_change: Option<OnChange>,
+    /// Every circuit's clock starts here.
+    pub(crate) origin: Instant,
+}
+
+/// The settings a layer builds its policy from.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) trip: Trip,
+    pub(crate) breaks: Backoff,
+    pub(crate) probes: u32,
+    pub(crate) max_half_open: Duration,
+    pub(crate) slow_call: Option<Duration>,
+    pub(crate) every_attempt: bool,
+    pub(crate) max_circuits: usize,
+    pub(crate) gate: bool,
+    pub(crate) seed: Option<u64>,
+    pub(crate) on_change: Option<OnChange>,
+}
+
+/// The default break: 5 s, doubling on each trip in a row up to 60 s, each drawn between half
+/// and all of that (equal jitter), so that clients that tripped together probe apart.
+pub(crate) fn default_breaks() -> Backoff {
+    match Backoff::new(Duration::from_secs(5), 2.0, Duration::from_secs(60)) {
+        Ok(backoff) => backoff.jitter(Jitter::Equal),
+        Err(_) => Backoff::default(),
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            trip: Trip::Ratio {
+                ratio: 0.5,
+                min_throughput: 20,
+                window: Duration::from_secs(30),
+            },
+            breaks: default_breaks(),
+            probes: 1,
+            max_half_open: Duration::from_secs(60),
+            slow_call: None,
+            every_attempt: false,
+            max_circuits: 1024,
+            gate: false,
+            seed: None,
+            on_change: None,
+        }
+    }
+}
+
+impl Settings {
+    pub(crate) fn policy(&self) -> Policy {
+        Policy {
+            trip: self.trip,
+            breaks: self.breaks,
+            probes: self.probes,
+            max_half_open: self.max_half_open,
+            slow_call: self.slow_call,
+            every_attempt: self.every_attempt,
+            max_circuits: self.max_circuits,
+            rng: self
+                .seed
+                .map(|seed| Mutex::new(fastrand::Rng::with_seed(seed))),
+            on_change: self.on_change.clone(),
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("trip", &self.trip)
+            .field("breaks", &self.breaks)
+            .field("probes", &self.probes)
+            .field("max_half_open", &self.max_half_open)
+            .field("slow_call", &self.slow_call)
+            .field("every_attempt", &self.every_attempt)
+            .field("max_circuits", &self.max_circuits)
+            .field("gate", &self.gate)
+            .field("seed", &self.seed)
+            .field(
+                "on_change",
+                &self.on_change.as_ref().map(|_| "Fn(&StateChange)"),
+            )
+            .finish()
+    }
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("trip", &self.trip)
+            .field("breaks", &self.breaks)
+            .field("probes", &self.probes)
+            .field("max_half_open", &self.max_half_open)
+            .field("slow_call", &self.slow_call)
+            .field("every_attempt", &self.every_attempt)
+            .field("max_circuits", &self.max_circuits)
+            .finish_non_exhaustive()
+    }
+}

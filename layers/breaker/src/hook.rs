@@ -1,0 +1,61 @@
+//! Watching circuits: a hook called on every state change.
+
+use crate::CircuitState;
+use std::time::Duration;
+
+/// Why a circuit changed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// Failures (or slow calls) reached the threshold while it was closed.
+    Failures,
+    /// The break was over: the next call is a probe.
+    BreakOver,
+    /// Enough probes succeeded.
+    ProbesSucceeded,
+    /// A probe failed.
+    ProbeFailed,
+    /// It stayed half-open longer than the most allowed without a decision (its probes
+    /// hung, or nobody called).
+    HalfOpenTimeout,
+    /// [`isolate`](crate::CircuitHandle::isolate), [`close`](crate::CircuitHandle::close) or
+    /// [`reset`](crate::CircuitHandle::reset).
+    Manual,
+}
+
+impl Reason {
+    /// A stable lowercase name: `failures`, `break_over`, `probes_succeeded`, `probe_failed`,
+    /// `half_open_timeout`, `manual`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Failures => "failures",
+            Self::BreakOver => "break_over",
+            Self::ProbesSucceeded => "probes_succeeded",
+            Self::ProbeFailed => "probe_failed",
+            Self::HalfOpenTimeout => "half_open_timeout",
+            Self::Manual => "manual",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the [`on_state_change`](crate::CircuitBreakerLayer::on_state_change) hook is told.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct StateChange<'a> {
+    /// The circuit's key (`""` for the layer's default circuit).
+    pub circuit: &'a str,
+    /// The state it left.
+    pub from: CircuitState,
+    /// The state it entered.
+    pub to: CircuitState,
+    /// Why.
+    pub reason: Reason,
+    /// When it opened: how long until it admits a probe.
+    pub open_for: Option<Duration>,
+}

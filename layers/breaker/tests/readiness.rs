@@ -1,0 +1,98 @@
+//! The crate docs' "Readiness": with `gate_readiness`, the service is not ready while its
+//! circuit is open, is ready again when the break ends with the probe reserved for its next
+//! call, and a service dropped with a reserved probe gives it back. Without it, `poll_ready`
+//! is the inner service's. Paused time; calls that reached the dependency are counted.
+
+mod support;
+
+use std::time::Duration;
+use support::{Dependency, Health};
+use tokio::time::timeout;
+use tower::{Layer, Service, ServiceExt};
+use tower_once_breaker::{CircuitBreakerLayer, CircuitState};
+use tower_once_core::backoff::{Backoff, Jitter};
+
+fn gated() -> CircuitBreakerLayer {
+    CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .gate_readiness(true)
+        .break_duration(
+            Backoff::new(Duration::from_secs(5), 1.0, Duration::from_secs(5))
+                .unwrap()
+                .jitter(Jitter::None),
+        )
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_makes_the_service_wait_for_the_break_and_reserves_the_probe() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let circuit = layer.circuits().circuit("");
+    let mut svc = layer.layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    assert_eq!(circuit.state(), CircuitState::Open);
+    let before = tokio::time::Instant::now();
+    assert!(
+        timeout(Duration::from_millis(4900), svc.ready())
+            .await
+            .is_err(),
+        "not ready during the break"
+    );
+    svc.ready().await.unwrap();
+    assert_eq!(before.elapsed(), Duration::from_secs(5));
+    assert_eq!(
+        circuit.state(),
+        CircuitState::HalfOpen,
+        "the probe is reserved"
+    );
+    // Another service of the same layer is not ready while the probe is out.
+    let mut other = layer.layer(dep.service());
+    assert!(timeout(Duration::from_secs(1), other.ready())
+        .await
+        .is_err());
+    dep.set(Health::Up);
+    assert_eq!(svc.call(2).await.unwrap(), "ok");
+    assert_eq!(circuit.state(), CircuitState::Closed);
+    assert_eq!(other.ready().await.unwrap().call(3).await.unwrap(), "ok");
+    assert_eq!(dep.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_dropped_with_a_reserved_probe_gives_it_back() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let mut svc = layer.layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    svc.ready().await.unwrap();
+    drop(svc);
+    let mut next = layer.layer(dep.service());
+    timeout(Duration::from_millis(100), next.ready())
+        .await
+        .expect("the probe came back")
+        .unwrap();
+    dep.set(Health::Up);
+    assert_eq!(next.call(2).await.unwrap(), "ok");
+    assert_eq!(dep.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_gate_an_open_circuit_is_ready_and_refuses_at_call() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let mut svc = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    let err = timeout(Duration::from_millis(1), svc.ready())
+        .await
+        .expect("ready at once")
+        .unwrap()
+        .call(2)
+        .await
+        .unwrap_err();
+    assert!(err.is_open());
+    assert_eq!(dep.calls(), 1);
+}

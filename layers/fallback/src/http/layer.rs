@@ -1,0 +1,133 @@
+use super::service::{HttpFallback, Secondary};
+use crate::config::Config;
+use crate::rule::Safety;
+use std::fmt;
+use std::time::Duration;
+use tower_layer::Layer;
+use tower_once_core::classify::HttpClassifier;
+use tower_once_core::shard::PerThread;
+
+/// The fallback for `http::Request`s. See the [module docs](crate::http) and the
+/// [crate docs](crate) for the rule.
+#[derive(Clone)]
+pub struct HttpFallbackLayer<T, C = HttpClassifier, H = ()> {
+    config: Config<T, C, H>,
+    body_limit: usize,
+    stamp: bool,
+}
+
+impl<T> HttpFallbackLayer<T> {
+    /// Falls back to `secondary`, classifying outcomes with [`HttpClassifier`] (transport
+    /// errors, `5xx`, `429`, `408` and `409` in progress are failures); a 1 MiB body limit; no
+    /// key stamping.
+    pub fn new(secondary: T) -> Self {
+        Self {
+            config: Config {
+                secondary,
+                safety: Safety::default(),
+                deadline: None,
+                classifier: HttpClassifier,
+                hook: (),
+            },
+            body_limit: 1024 * 1024,
+            stamp: false,
+        }
+    }
+}
+
+impl<T, C, H> HttpFallbackLayer<T, C, H> {
+    /// See [`FallbackLayer::side_effect_free`](crate::FallbackLayer::side_effect_free).
+    pub fn side_effect_free(mut self, free: bool) -> Self {
+        self.config.safety.side_effect_free = free;
+        self
+    }
+
+    /// See [`FallbackLayer::shares_records`](crate::FallbackLayer::shares_records): here only
+    /// a request that carries an `Idempotency-Key` (its own, or stamped) goes.
+    pub fn shares_records(mut self, shared: bool) -> Self {
+        self.config.safety.shares_records = shared;
+        self
+    }
+
+    /// See [`FallbackLayer::deadline`](crate::FallbackLayer::deadline).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.config.deadline = Some(deadline);
+        self
+    }
+
+    /// The largest request body read for the secondary; a larger one goes to the primary only.
+    /// Default 1 MiB.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
+    }
+
+    /// Whether an unkeyed `POST` or `PATCH` gets a fresh `Idempotency-Key` before the primary
+    /// sees it, so the secondary gets the same one. Default `false`.
+    pub fn stamp_idempotency_keys(mut self, stamp: bool) -> Self {
+        self.stamp = stamp;
+        self
+    }
+
+    /// See [`FallbackLayer::classify`](crate::FallbackLayer::classify).
+    pub fn classify<C2>(self, classifier: C2) -> HttpFallbackLayer<T, C2, H> {
+        let c = self.config;
+        HttpFallbackLayer {
+            config: Config {
+                secondary: c.secondary,
+                safety: c.safety,
+                deadline: c.deadline,
+                classifier,
+                hook: c.hook,
+            },
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+
+    /// See [`FallbackLayer::on_fallback`](crate::FallbackLayer::on_fallback).
+    pub fn on_fallback<H2>(self, hook: H2) -> HttpFallbackLayer<T, C, H2> {
+        let c = self.config;
+        HttpFallbackLayer {
+            config: Config {
+                secondary: c.secondary,
+                safety: c.safety,
+                deadline: c.deadline,
+                classifier: c.classifier,
+                hook,
+            },
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+}
+
+impl<P, T: Clone, C: Clone, H: Clone> Layer<P> for HttpFallbackLayer<T, C, H> {
+    type Service = HttpFallback<P, T, C, H>;
+
+    fn layer(&self, primary: P) -> Self::Service {
+        let c = &self.config;
+        HttpFallback {
+            primary,
+            config: PerThread::new(Config {
+                secondary: Secondary(c.secondary.clone()),
+                safety: c.safety,
+                deadline: c.deadline,
+                classifier: c.classifier.clone(),
+                hook: c.hook.clone(),
+            }),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
+    }
+}
+
+impl<T, C, H> fmt::Debug for HttpFallbackLayer<T, C, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpFallbackLayer")
+            .field("config", &self.config)
+            .field("body_limit", &self.body_limit)
+            .field("stamp", &self.stamp)
+            .finish()
+    }
+}

@@ -1,0 +1,358 @@
+//! The crate docs' table, a test per row: which failed requests go to the secondary (unsent
+//! failures always; failures that may have run only for idempotent, `SafeToRetry`,
+//! side-effect-free, or keyed requests to a secondary sharing the records) and which never do.
+//! Every test counts the calls (the effects) on each side, and the key each side saw.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower_once_breaker::CircuitBreakerLayer;
+use tower_once_core::body::BufferedBody;
+use tower_once_core::resend::SafeToRetry;
+use tower_once_fallback::http::{FromSecondary, HttpFallbackLayer};
+use tower_once_fallback::{FallbackLayer, Reason};
+use tower_once_retry::RetryLayer;
+
+type Req = Request<BufferedBody<Full<Bytes>>>;
+
+/// One side: answers `status` (or fails with `error`), recording the key of every call.
+#[derive(Clone, Default)]
+struct Side {
+    keys: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+impl Side {
+    fn calls(&self) -> usize {
+        self.keys.lock().unwrap().len()
+    }
+
+    fn keys(&self) -> Vec<Option<String>> {
+        self.keys.lock().unwrap().clone()
+    }
+
+    fn answering<B>(
+        &self,
+        status: u16,
+    ) -> impl tower::Service<
+        Request<B>,
+        Response = Response<String>,
+        Error = std::io::Error,
+        Future = impl Send,
+    > + Clone
+           + Send
+           + 'static {
+        self.failing(Ok(status))
+    }
+
+    fn failing<B>(
+        &self,
+        outcome: Result<u16, std::io::ErrorKind>,
+    ) -> impl tower::Service<
+        Request<B>,
+        Response = Response<String>,
+        Error = std::io::Error,
+        Future = impl Send,
+    > + Clone
+           + Send
+           + 'static {
+        let keys = self.keys.clone();
+        tower::service_fn(move |req: Request<B>| {
+            let key = req
+                .headers()
+                .get("idempotency-key")
+                .map(|v| v.to_str().unwrap().to_owned());
+            keys.lock().unwrap().push(key);
+            async move {
+                let status = outcome.map_err(std::io::Error::from)?;
+                let mut res = Response::new(String::new());
+                *res.status_mut() = StatusCode::from_u16(status).unwrap();
+                if status == 409 {
+                    res.headers_mut()
+                        .insert("retry-after", "1".parse().unwrap());
+                }
+                Ok(res)
+            }
+        })
+    }
+}
+
+fn post() -> Request<Full<Bytes>> {
+    Request::post("http://a.example/charges")
+        .body(Full::new(Bytes::from_static(b"{\"amount\":500}")))
+        .unwrap()
+}
+
+fn get() -> Request<Full<Bytes>> {
+    Request::get("http://a.example/balance")
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_or_the_callers_fault_is_returned_as_it_is() {
+    for status in [200, 201, 400, 404, 422] {
+        let (primary, secondary) = (Side::default(), Side::default());
+        let res = HttpFallbackLayer::new(secondary.answering(200))
+            .side_effect_free(true)
+            .layer(primary.answering(status))
+            .oneshot(post())
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status);
+        assert!(res.extensions().get::<FromSecondary>().is_none());
+        assert_eq!((primary.calls(), secondary.calls()), (1, 0), "{status}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unsent_failure_goes_on_whatever_the_request() {
+    // The connection was refused: a POST without a key may go.
+    let (primary, secondary) = (Side::default(), Side::default());
+    let reasons = Arc::new(Mutex::new(Vec::new()));
+    let seen = reasons.clone();
+    let res = HttpFallbackLayer::new(secondary.answering(201))
+        .on_fallback(
+            move |e: &tower_once_fallback::hook::FallbackEvent<'_, _, _>| {
+                seen.lock().unwrap().push(e.reason)
+            },
+        )
+        .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)))
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert!(res.extensions().get::<FromSecondary>().is_some());
+    assert_eq!((primary.calls(), secondary.calls()), (1, 1));
+    assert_eq!(*reasons.lock().unwrap(), [Reason::Unsent]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_behind_a_retry_is_an_unsent_failure() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let breaker = CircuitBreakerLayer::http().consecutive_failures(1);
+    breaker.circuits().circuit("http://a.example").isolate();
+    let primary_stack = ServiceBuilder::new()
+        .layer(RetryLayer::new().max_attempts(3).into_http())
+        .layer(breaker)
+        .service(primary.answering(200));
+    let res = HttpFallbackLayer::new(secondary.answering(201))
+        .layer(primary_stack)
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!((primary.calls(), secondary.calls()), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_that_may_have_run_stays_with_the_primary() {
+    for outcome in [
+        Ok(500),
+        Ok(503),
+        Err(std::io::ErrorKind::ConnectionReset),
+        Err(std::io::ErrorKind::TimedOut),
+    ] {
+        let (primary, secondary) = (Side::default(), Side::default());
+        let result = HttpFallbackLayer::new(secondary.answering(201))
+            .layer(primary.failing(outcome))
+            .oneshot(post())
+            .await;
+        match (outcome, result) {
+            (Ok(status), Ok(res)) => assert_eq!(res.status().as_u16(), status),
+            (Err(_), Err(e)) => assert!(e.is_primary()),
+            (o, r) => panic!("{o:?}: {r:?}"),
+        }
+        assert_eq!((primary.calls(), secondary.calls()), (1, 0), "{outcome:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_that_failed_after_a_sent_attempt_stays_even_if_its_circuit_then_opened() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    // The first attempt is sent and fails (a reset: it may have run); the circuit opens; the
+    // retries are refused. Not every attempt was unsent: no fallback.
+    let primary_stack = ServiceBuilder::new()
+        .layer(RetryLayer::new().max_attempts(3).into_http())
+        .layer(CircuitBreakerLayer::http().consecutive_failures(1))
+        .service(primary.failing(Err(std::io::ErrorKind::ConnectionReset)));
+    let err = HttpFallbackLayer::new(secondary.answering(201))
+        .layer(primary_stack)
+        .oneshot(post())
+        .await
+        .unwrap_err();
+    assert!(err.is_primary());
+    assert_eq!((primary.calls(), secondary.calls()), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idempotent_method_or_a_safe_to_retry_mark_goes_on_after_any_failure() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let layer = HttpFallbackLayer::new(secondary.answering(200));
+    let res = layer
+        .layer(primary.answering(503))
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut completion = post();
+    completion.extensions_mut().insert(SafeToRetry);
+    let res = layer
+        .layer(primary.failing(Err(std::io::ErrorKind::TimedOut)))
+        .oneshot(completion)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!((primary.calls(), secondary.calls()), (2, 2));
+    assert_eq!(
+        secondary.keys(),
+        [None, None],
+        "a SafeToRetry request gets no key"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn side_effect_free_requests_go_on_after_any_failure() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let res = HttpFallbackLayer::new(secondary.answering(200))
+        .side_effect_free(true)
+        .layer(primary.answering(529))
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!((primary.calls(), secondary.calls()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shared_records_need_a_key_and_a_stamped_one_is_the_same_on_both_sides() {
+    // Without a key the secondary could not recognise it: stays.
+    let (primary, secondary) = (Side::default(), Side::default());
+    let layer = HttpFallbackLayer::new(secondary.answering(201)).shares_records(true);
+    let res = layer
+        .layer(primary.answering(500))
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(secondary.calls(), 0);
+    // Stamped before the primary saw it: both sides got the same key.
+    let res = layer
+        .stamp_idempotency_keys(true)
+        .layer(primary.answering(500))
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let (p, s) = (primary.keys(), secondary.keys());
+    assert_eq!(p.len(), 2);
+    assert!(p[1].is_some());
+    assert_eq!(s, [p[1].clone()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn still_in_progress_is_a_failure_that_ran() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let mut keyed = post();
+    keyed
+        .headers_mut()
+        .insert("idempotency-key", "k-1".parse().unwrap());
+    let res = HttpFallbackLayer::new(secondary.answering(201))
+        .layer(primary.answering(409))
+        .oneshot(keyed)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        secondary.calls(),
+        0,
+        "another secondary would run it a second time"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_fallback_after_the_deadline_and_the_secondary_is_cut_at_it() {
+    // The primary takes the whole deadline: its failure stays.
+    let (primary, secondary) = (Side::default(), Side::default());
+    let slow_primary = primary.failing(Err(std::io::ErrorKind::ConnectionRefused));
+    let slow_refused = tower::service_fn(move |req: Req| {
+        let p = slow_primary.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            p.oneshot(req).await
+        }
+    });
+    let err = HttpFallbackLayer::new(secondary.answering(201))
+        .deadline(Duration::from_secs(2))
+        .layer(slow_refused)
+        .oneshot(post())
+        .await;
+    // The primary has no timeout of its own here: it answered after the deadline.
+    assert!(err.unwrap_err().is_primary());
+    assert_eq!(secondary.calls(), 0);
+
+    // A secondary slower than what is left: cut at the deadline.
+    let (primary, secondary) = (Side::default(), Side::default());
+    let slow_secondary = secondary.answering(201).and_then(|r| async move {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        Ok::<_, std::io::Error>(r)
+    });
+    let started = tokio::time::Instant::now();
+    let err = HttpFallbackLayer::new(slow_secondary)
+        .deadline(Duration::from_secs(2))
+        .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)))
+        .oneshot(post())
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline());
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert_eq!(secondary.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_over_the_limit_goes_to_the_primary_only() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let big = Request::post("http://a.example/upload")
+        .body(Full::new(Bytes::from(vec![b'x'; 4096])))
+        .unwrap();
+    let err = HttpFallbackLayer::new(secondary.answering(201))
+        .side_effect_free(true)
+        .body_limit(1024)
+        .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)))
+        .oneshot(big)
+        .await
+        .unwrap_err();
+    assert!(err.is_primary());
+    assert_eq!((primary.calls(), secondary.calls()), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn plain_requests_go_on_only_unsent_unless_the_layer_is_told_more() {
+    let calls = Arc::new(Mutex::new(0));
+    let counted = calls.clone();
+    let secondary = tower::service_fn(move |_: String| {
+        *counted.lock().unwrap() += 1;
+        async { Ok::<_, std::io::Error>("B") }
+    });
+    let failing = |kind: std::io::ErrorKind| {
+        tower::service_fn(
+            move |_: String| async move { Err::<&str, _>(std::io::Error::from(kind)) },
+        )
+    };
+    let layer = FallbackLayer::new(secondary);
+    let refused = failing(std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(layer.layer(refused).oneshot("x".into()).await.unwrap(), "B");
+    let reset = failing(std::io::ErrorKind::ConnectionReset);
+    assert!(layer
+        .layer(reset)
+        .oneshot("x".into())
+        .await
+        .unwrap_err()
+        .is_primary());
+    let reset = failing(std::io::ErrorKind::ConnectionReset);
+    let free = layer.clone().side_effect_free(true);
+    assert_eq!(free.layer(reset).oneshot("x".into()).await.unwrap(), "B");
+    assert_eq!(*calls.lock().unwrap(), 2);
+}
