@@ -21,6 +21,9 @@
 //! - [`fallback`] (feature `fallback`): send a failed request to a secondary service only
 //!   when that cannot repeat its effect: it certainly did not run, it is idempotent or
 //!   side-effect free, or the secondary shares the primary's idempotency records.
+//! - [`hedge`] (feature `hedge`): send a copy of a slow request and take the first good
+//!   answer, only for requests safe to run twice (a `POST` gets one idempotency key on every
+//!   copy); hedges and retries share one budget.
 //! - [`worker`] (feature `worker`): a Redis Streams worker whose job handler is a
 //!   `tower::Service<Job>`: redelivery after crashes, dead letters, run-once per job id.
 //! - [`outbox`] (feature `outbox`): a transactional outbox on Postgres (sqlx) whose relay sends
@@ -115,6 +118,7 @@
 //! | `timeout`     | yes     | [`timeout`]: `TimeoutLayer`, `HttpTimeoutLayer`, `ServerTimeoutLayer`, `Deadline` |
 //! | `breaker`     | yes     | [`breaker`]: `CircuitBreakerLayer`, per-key circuits |
 //! | `fallback`    | yes     | [`fallback`]: `FallbackLayer`, `HttpFallbackLayer` (enables `timeout`) |
+//! | `hedge`       | yes     | [`hedge`]: `HedgeLayer`, `HttpHedgeLayer` (enables `retry`) |
 //! | `signal`      | yes     | [`shutdown_signal`]: SIGTERM or SIGINT (Ctrl-C off unix) as a shutdown future (tokio's `signal` feature) |
 //! | `redis`       | no      | `idempotency::store::redis`: the Redis / Redis Cluster store |
 //! | `worker`      | no      | [`worker`]: the Redis Streams worker, producer, dead letters and `RunOnceLayer` (enables `retry`, `timeout`, `redis`, `signal`) |
@@ -144,6 +148,9 @@
 //! | `tower_once_breaker_circuits` | gauge | | keyed circuits held |
 //! | `tower_once_fallback_fallbacks_total` | counter | `reason`: `unsent`, `idempotent`, `side_effect_free`, `shared_records` | requests sent to the secondary |
 //! | `tower_once_fallback_withheld_total` | counter | | failed requests kept from the secondary because they may have run |
+//! | `tower_once_hedge_hedges_total` | counter | | hedges sent |
+//! | `tower_once_hedge_wins_total` | counter | | operations a hedge answered first |
+//! | `tower_once_hedge_budget_refusals_total` | counter | | hedges the retry budget refused |
 //! | `tower_once_timeout_timeouts_total` | counter | `bound`: `limit`, `deadline`; `layer`: `timeout`, `http_body`, `server` | expiries |
 //! | `tower_once_worker_processed_total` | counter | | deliveries whose handler succeeded (acknowledged) |
 //! | `tower_once_worker_failed_total` | counter | | deliveries whose handler failed or missed its deadline |
@@ -185,6 +192,11 @@ pub use tower_once_breaker as breaker;
 #[cfg_attr(docsrs, doc(cfg(feature = "fallback")))]
 #[doc(inline)]
 pub use tower_once_fallback as fallback;
+
+#[cfg(feature = "hedge")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hedge")))]
+#[doc(inline)]
+pub use tower_once_hedge as hedge;
 
 #[cfg(feature = "worker")]
 #[cfg_attr(docsrs, doc(cfg(feature = "worker")))]

@@ -50,28 +50,50 @@ struct Scope {
 /// assert_eq!(Attempt::of(&req).map(Attempt::number), Some(2));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Attempt(NonZeroU32);
+pub struct Attempt {
+    number: NonZeroU32,
+    hedge: bool,
+}
 
 impl Attempt {
     /// The first attempt of an operation.
-    pub const FIRST: Self = Self(NonZeroU32::MIN);
+    pub const FIRST: Self = Self {
+        number: NonZeroU32::MIN,
+        hedge: false,
+    };
 
     /// Attempt number `number` (1 is the first; 0 is taken as 1).
     pub const fn new(number: u32) -> Self {
         match NonZeroU32::new(number) {
-            Some(n) => Self(n),
+            Some(number) => Self {
+                number,
+                hedge: false,
+            },
             None => Self::FIRST,
         }
     }
 
-    /// The attempt's number: 1 for the first.
-    pub const fn number(self) -> u32 {
-        self.0.get()
+    /// A hedge of this attempt: a copy sent while it is still running (by the hedging layer).
+    pub const fn hedge(self) -> Self {
+        Self {
+            number: self.number,
+            hedge: true,
+        }
     }
 
-    /// Whether this is the operation's first attempt (not a retry).
+    /// The attempt's number: 1 for the first (a hedge has the number of the attempt it copies).
+    pub const fn number(self) -> u32 {
+        self.number.get()
+    }
+
+    /// Whether this is a hedge: a copy of an attempt still running.
+    pub const fn is_hedge(self) -> bool {
+        self.hedge
+    }
+
+    /// Whether this is the operation's first attempt: not a retry, not a hedge.
     pub const fn is_first(self) -> bool {
-        self.0.get() == 1
+        self.number.get() == 1 && !self.hedge
     }
 
     /// The attempt in scope on this thread, if any.
@@ -193,5 +215,7 @@ mod tests {
         assert_eq!(seen, Some(Attempt::new(3)));
         assert_eq!(Attempt::of(&"plain"), None);
         assert_eq!(Attempt::new(0), Attempt::FIRST);
+        let hedge = Attempt::FIRST.hedge();
+        assert!(hedge.is_hedge() && !hedge.is_first() && hedge.number() == 1);
     }
 }

@@ -1,0 +1,158 @@
+//! The `http` module's promises: only requests safe to send twice are hedged (an idempotent
+//! method, an `Idempotency-Key`, a `SafeToRetry` mark); a stamped `POST` is hedged with the same
+//! key on every copy; a `409` in progress waits for the copy that holds the claim; a body over
+//! the limit is sent once. Paused time; the copies that reached the service and their keys are
+//! counted.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+use tower_once_core::body::BufferedBody;
+use tower_once_core::resend::SafeToRetry;
+use tower_once_hedge::http::HttpHedgeLayer;
+
+type Req = Request<BufferedBody<Full<Bytes>>>;
+
+/// A server whose first copy of each request takes 5 s and whose others 20 ms; with
+/// `claims`, it answers a copy of a key already running `409` in progress, as
+/// `IdempotencyLayer` does.
+#[derive(Clone, Default)]
+struct Server {
+    copies: Arc<AtomicU32>,
+    keys: Arc<Mutex<Vec<Option<String>>>>,
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+    claims: bool,
+}
+
+impl Server {
+    fn service(
+        &self,
+    ) -> impl tower::Service<
+        Req,
+        Response = Response<String>,
+        Error = std::io::Error,
+        Future = impl Send,
+    > + Clone
+           + Send
+           + 'static {
+        let this = self.clone();
+        tower::service_fn(move |req: Req| {
+            let n = this.copies.fetch_add(1, SeqCst);
+            let key = req
+                .headers()
+                .get("idempotency-key")
+                .map(|v| v.to_str().unwrap().to_owned());
+            this.keys.lock().unwrap().push(key);
+            let bodies = this.bodies.clone();
+            let claims = this.claims;
+            async move {
+                use http_body_util::BodyExt;
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                bodies.lock().unwrap().push(body);
+                let (ms, status) = match (n, claims) {
+                    (0, _) => (5_000, 201),
+                    (_, true) => (20, 409),
+                    (_, false) => (20, 201),
+                };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let mut res = Response::new(format!("copy {n}"));
+                *res.status_mut() = StatusCode::from_u16(status).unwrap();
+                if status == 409 {
+                    res.headers_mut()
+                        .insert("retry-after", "1".parse().unwrap());
+                }
+                Ok(res)
+            }
+        })
+    }
+}
+
+fn request(method: &str) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri("http://a.example/charges")
+        .body(Full::new(Bytes::from_static(b"{\"amount\":500}")))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_post_without_a_key_is_never_hedged() {
+    let server = Server::default();
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100)).layer(server.service());
+    let res = svc.oneshot(request("POST")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(server.copies.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn safe_requests_are_hedged_with_their_body() {
+    for method in ["GET", "PUT", "DELETE"] {
+        let server = Server::default();
+        let svc = HttpHedgeLayer::new(Duration::from_millis(100)).layer(server.service());
+        let started = Instant::now();
+        assert_eq!(svc.oneshot(request(method)).await.unwrap().body(), "copy 1");
+        assert_eq!(started.elapsed(), Duration::from_millis(120), "{method}");
+        let bodies = server.bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), 2);
+        assert!(bodies.iter().all(|b| b == "{\"amount\":500}"));
+    }
+    let server = Server::default();
+    let mut completion = request("POST");
+    completion.extensions_mut().insert(SafeToRetry);
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100)).layer(server.service());
+    svc.oneshot(completion).await.unwrap();
+    assert_eq!(server.copies.load(SeqCst), 2);
+    assert_eq!(*server.keys.lock().unwrap(), [None, None], "no key sent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stamped_post_is_hedged_with_the_same_key_on_every_copy() {
+    let server = Server::default();
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .max_hedges(2)
+        .layer(server.service());
+    svc.oneshot(request("POST")).await.unwrap();
+    let keys = server.keys.lock().unwrap().clone();
+    assert_eq!(
+        keys.len(),
+        2,
+        "the hedge answered before a second one was due"
+    );
+    assert!(keys[0].is_some());
+    assert_eq!(keys[0], keys[1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_answered_in_progress_waits_for_the_one_holding_the_claim() {
+    let server = Server {
+        claims: true,
+        ..Server::default()
+    };
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .layer(server.service());
+    let res = svc.oneshot(request("POST")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED, "not the 409");
+    assert_eq!(res.body(), "copy 0");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_over_the_limit_is_sent_once() {
+    let server = Server::default();
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .body_limit(4)
+        .layer(server.service());
+    svc.oneshot(request("PUT")).await.unwrap();
+    assert_eq!(server.copies.load(SeqCst), 1);
+    assert_eq!(
+        server.bodies.lock().unwrap()[0],
+        "{\"amount\":500}",
+        "sent whole"
+    );
+}
