@@ -5,10 +5,14 @@
 //!     --data '{"order_id":"A","amount":500}' --max-attempts 4 --timeout-ms 2000 --deadline-ms 10000
 //! ```
 //!
-//! Each retry is printed on stderr (attempt, reason, delay); the final status and body go to
-//! stdout. Exit status 0 on a 2xx answer, 1 otherwise. A POST gets a generated
-//! `Idempotency-Key` (the same on every attempt) unless `--idempotency-key none` or an explicit
-//! key is given.
+//! Each retry is printed on stderr (attempt, reason, delay), and so is every request sent
+//! (`send: request N`); the final status and body go to stdout. Exit status 0 on a 2xx answer,
+//! 1 otherwise. A POST gets a generated `Idempotency-Key` (the same on every attempt) unless
+//! `--idempotency-key none` or an explicit key is given.
+//!
+//! With `--hedge-after-ms N`, an attempt still unanswered after N ms gets one hedge: the same
+//! request with the same `Idempotency-Key` (a `HttpHedgeLayer` under the retry layer, sharing
+//! its budget); the first good answer wins. A POST without a key is never hedged.
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
@@ -18,7 +22,9 @@ use hyper_util::rt::TokioExecutor;
 use std::process::ExitCode;
 use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_once::hedge::http::HttpHedgeLayer;
 use tower_once::retry::backoff::Backoff;
+use tower_once::retry::budget::RetryBudget;
 use tower_once::retry::classify::HttpClassifier;
 use tower_once::retry::hook::RetryEvent;
 use tower_once::retry::RetryLayer;
@@ -35,6 +41,7 @@ struct Args {
     key: KeyMode,
     seed: Option<u64>,
     backoff_ms: u64,
+    hedge_after: Option<Duration>,
 }
 
 enum KeyMode {
@@ -45,7 +52,7 @@ enum KeyMode {
 
 const USAGE: &str = "usage: client URL [--method M] [--data BODY] [-H 'Name: value']... \
 [--max-attempts N] [--timeout-ms N] [--deadline-ms N] [--idempotency-key auto|none|KEY] \
-[--seed N] [--backoff-ms N]";
+[--seed N] [--backoff-ms N] [--hedge-after-ms N]";
 
 fn parse_args() -> Result<Args, String> {
     let mut argv = std::env::args().skip(1);
@@ -60,6 +67,7 @@ fn parse_args() -> Result<Args, String> {
         key: KeyMode::Auto,
         seed: None,
         backoff_ms: 500,
+        hedge_after: None,
     };
     let number = |flag: &str, value: Option<String>| -> Result<u64, String> {
         value
@@ -97,6 +105,9 @@ fn parse_args() -> Result<Args, String> {
             }
             "--seed" => args.seed = Some(number(&arg, argv.next())?),
             "--backoff-ms" => args.backoff_ms = number(&arg, argv.next())?.max(1),
+            "--hedge-after-ms" => {
+                args.hedge_after = Some(Duration::from_millis(number(&arg, argv.next())?.max(1)))
+            }
             "--idempotency-key" => {
                 args.key = match argv
                     .next()
@@ -168,10 +179,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let budget = RetryBudget::default();
     let mut retry = RetryLayer::new()
         .max_attempts(args.max_attempts)
         .deadline(args.deadline)
         .backoff(backoff)
+        .budget(budget.clone())
         .classify(HttpClassifier);
     if let Some(seed) = args.seed {
         retry = retry.rng_seed(seed);
@@ -195,14 +208,28 @@ async fn main() -> ExitCode {
         })
         .into_http()
         .stamp_idempotency_keys(matches!(args.key, KeyMode::Auto));
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let svc = ServiceBuilder::new()
-        .layer(retry)
-        .layer(HttpTimeoutLayer::new(args.timeout).cover_body(true))
-        .service(client);
-
+    let timeout = HttpTimeoutLayer::new(args.timeout).cover_body(true);
     let started = tokio::time::Instant::now();
-    let response = match svc.oneshot(request).await {
+    // Two stacks: with a hedging layer, the transport sees its copies' body type.
+    let sent = match args.hedge_after {
+        Some(after) => {
+            let hedge = HttpHedgeLayer::new(after).budget(budget);
+            let svc = ServiceBuilder::new()
+                .layer(retry)
+                .layer(hedge)
+                .layer(timeout)
+                .service(counted(Client::builder(TokioExecutor::new()).build_http()));
+            svc.oneshot(request).await
+        }
+        None => {
+            let svc = ServiceBuilder::new()
+                .layer(retry)
+                .layer(timeout)
+                .service(counted(Client::builder(TokioExecutor::new()).build_http()));
+            svc.oneshot(request).await
+        }
+    };
+    let response = match sent {
         Ok(response) => response,
         Err(error) => {
             eprintln!("error: {error} ({} ms)", started.elapsed().as_millis());
@@ -225,4 +252,24 @@ async fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The transport, printing each request it sends (retries and hedges included) on stderr.
+fn counted<S, Req>(
+    client: S,
+) -> impl tower::Service<
+    Req,
+    Response = S::Response,
+    Error = S::Error,
+    Future = tower::util::Oneshot<S, Req>,
+> + Clone
+where
+    S: tower::Service<Req> + Clone,
+{
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    tower::service_fn(move |req: Req| {
+        let n = sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        eprintln!("send: request {n}");
+        client.clone().oneshot(req)
+    })
 }

@@ -170,3 +170,78 @@ async fn a_hanging_server_is_cut_by_the_timeout_and_the_deadline() {
         "returned in about a second, not after 10 attempts: {took:?}"
     );
 }
+
+/// A loopback proxy whose first connection is slow: it waits `delay` before passing anything
+/// on (a slow network path). Counts connections that reached the server.
+async fn slow_first_proxy(upstream: SocketAddr, delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let forwarded = Arc::new(AtomicUsize::new(0));
+    let count = forwarded.clone();
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let slow = n == 0;
+            n += 1;
+            let count = count.clone();
+            tokio::spawn(async move {
+                if slow {
+                    tokio::time::sleep(delay).await;
+                }
+                let Ok(mut server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                count.fetch_add(1, SeqCst);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    (addr, forwarded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_with_the_same_key_cuts_a_slow_path_and_charges_once() {
+    let ledger = app::Ledger::memory();
+    let router = app::router(
+        tower_once::idempotency::store::MemoryStore::new(),
+        Duration::from_secs(10),
+        ledger.clone(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (proxy, forwarded) = slow_first_proxy(server, Duration::from_secs(2)).await;
+
+    let url = format!("http://{proxy}/charges");
+    let (ok, stdout, stderr, took) = tokio::task::spawn_blocking(move || {
+        run_client(&[
+            &url,
+            "--data",
+            r#"{"order_id":"H","amount":700}"#,
+            "--hedge-after-ms",
+            "100",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.starts_with("201 Created"), "{stdout}");
+    assert_eq!(
+        stderr.matches("send: request").count(),
+        2,
+        "the first request and one hedge:\n{stderr}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "the hedge answered, not the slow path: {took:?}"
+    );
+    // The slow copy reaches the server later, with the same key: a replay, not a charge.
+    let waited = Instant::now();
+    while forwarded.load(SeqCst) < 2 {
+        assert!(waited.elapsed() < Duration::from_secs(10), "the slow copy never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let charges = ledger.charges().await.unwrap();
+    assert_eq!(charges.len(), 1, "two copies, one charge");
+}
