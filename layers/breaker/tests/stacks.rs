@@ -227,3 +227,42 @@ async fn outside_a_retry_it_counts_each_operations_final_outcome() {
     assert!(err.is_open());
     assert_eq!(dep.calls(), 6);
 }
+
+// ---------------------------------------------------------------------------------------
+// Attacks (branch attack1).
+// ---------------------------------------------------------------------------------------
+
+/// "A RetryLayer above ... gives up at once otherwise (GiveUp::CircuitOpen)": with
+/// `gate_readiness`, an open circuit is not ready instead of refusing, so the retry waits
+/// in `poll_ready` for its whole deadline and ends with GiveUp::Deadline.
+#[tokio::test(start_paused = true)]
+async fn attack_a_retry_above_a_gated_breaker_gives_up_at_once_when_the_probe_is_past_its_deadline(
+) {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let breaker = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .gate_readiness(true)
+        .break_duration(fixed(60));
+    let circuit = breaker.circuits().circuit("");
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(4)
+                .deadline(Duration::from_secs(10))
+                .no_budget(),
+        )
+        .layer(breaker)
+        .service(dep.service::<u32>());
+    // Trip it.
+    let _ = svc.clone().oneshot(1).await;
+    assert_eq!(circuit.state(), CircuitState::Open);
+    let started = tokio::time::Instant::now();
+    let err = svc.clone().oneshot(2).await.unwrap_err();
+    assert_eq!(
+        (err.reason(), started.elapsed()),
+        (GiveUp::CircuitOpen, Duration::ZERO),
+        "{err}"
+    );
+    assert_eq!(dep.calls(), 1);
+}

@@ -422,3 +422,27 @@ fn a_ratio_above_one_is_refused_when_built() {
 fn zero_failures_in_a_row_is_refused_when_built() {
     let _ = CircuitBreakerLayer::new().consecutive_failures(0);
 }
+
+// ---------------------------------------------------------------------------------------
+// Attacks (branch attack1).
+// ---------------------------------------------------------------------------------------
+
+/// `CircuitHandle::close`: "Closes it, with an empty window". On a closed circuit with
+/// failures counted it empties nothing: the next failure trips it.
+#[tokio::test(start_paused = true)]
+async fn attack_close_by_hand_empties_the_window_of_a_closed_circuit() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = CircuitBreakerLayer::new().consecutive_failures(3);
+    let circuit = layer.circuits().circuit("");
+    let mut svc = layer.layer(dep.service());
+    call(&mut svc).await.unwrap_err();
+    call(&mut svc).await.unwrap_err();
+    circuit.close();
+    call(&mut svc).await.unwrap_err();
+    assert_eq!(
+        circuit.state(),
+        CircuitState::Closed,
+        "one failure after an emptied window"
+    );
+}
