@@ -258,3 +258,31 @@ async fn attack_isolating_one_host_at_the_bound_does_not_isolate_other_hosts() {
         maintenance.key()
     );
 }
+
+/// Holds? Hostile keys: a 60 KiB authority, an empty key, a key of only unicode, and a URI
+/// with '@' in the password; no panic, credentials never in a name.
+#[tokio::test(start_paused = true)]
+async fn holds_hostile_keys_neither_panic_nor_leak_credentials() {
+    let dep = Dependency::default();
+    let layer = CircuitBreakerLayer::http().classify(RetryOnError);
+    let circuits = layer.circuits();
+    let svc = layer.layer(dep.service());
+    let host = "a".repeat(60_000);
+    for uri in [
+        format!("https://{host}/"),
+        "https://us%40er:p%3Ass@api.example:8443/v1".to_owned(),
+        "/relative/only".to_owned(),
+        "https://[::1]:65535/".to_owned(),
+    ] {
+        svc.clone().oneshot(get(&uri)).await.unwrap();
+    }
+    let names: Vec<_> = circuits.all().iter().map(|c| c.key().to_owned()).collect();
+    assert!(names.iter().all(|n| !n.contains("p%3Ass") && !n.contains("us%40er")));
+    assert!(names.contains(&"https://api.example:8443".to_owned()));
+    assert!(names.contains(&"https://[::1]:65535".to_owned()), "{names:?}");
+    let keyed = CircuitBreakerLayer::new().key_by(|req: &String| Some(req.clone()));
+    let svc = keyed.layer(dep.service());
+    for key in ["", "ключ", "\u{0}", "(overflow)x"] {
+        svc.clone().oneshot(key.to_owned()).await.unwrap();
+    }
+}

@@ -141,3 +141,26 @@ async fn attack_a_probe_reserved_past_max_half_open_is_not_a_second_probe() {
     let _b = other.call(3);
     assert_eq!(dep.calls(), 2, "two probes at once, with half_open_probes(1)");
 }
+
+/// Holds? A clone of a service with a reserved probe reserves nothing; dropping the
+/// original gives the probe back to the clone.
+#[tokio::test(start_paused = true)]
+async fn holds_a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_back() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let mut svc = layer.layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    svc.ready().await.unwrap();
+    let mut clone = svc.clone();
+    assert!(timeout(Duration::from_secs(1), clone.ready()).await.is_err());
+    drop(svc);
+    timeout(Duration::from_millis(100), clone.ready())
+        .await
+        .expect("given back")
+        .unwrap();
+    dep.set(Health::Up);
+    assert_eq!(clone.call(2).await.unwrap(), "ok");
+    assert_eq!(dep.calls(), 2);
+}

@@ -266,3 +266,51 @@ async fn attack_a_retry_above_a_gated_breaker_gives_up_at_once_when_the_probe_is
     );
     assert_eq!(dep.calls(), 1);
 }
+
+/// Holds? Retry → Buffer → Breaker with http::Request: the refused attempts draw nothing
+/// from an empty budget, and the operation counts once.
+#[tokio::test(start_paused = true)]
+async fn holds_refused_attempts_behind_a_buffer_never_draw_the_budget() {
+    type Req = http::Request<ReplayBody<Full<Bytes>>>;
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let breaker = CircuitBreakerLayer::http()
+        .classify(tower_once_core::classify::RetryOnError)
+        .consecutive_failures(1)
+        .break_duration(fixed(2));
+    let circuits = breaker.circuits();
+    let guarded = ServiceBuilder::new()
+        .buffer(4)
+        .layer(breaker)
+        .service(
+            dep.service::<Req>()
+                .map_response(|_| http::Response::new(Full::new(Bytes::new()))),
+        );
+    let budget = RetryBudget::new(0.0, 0, Duration::from_secs(10));
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(30))
+                .budget(budget)
+                .into_http(),
+        )
+        .service(guarded);
+    let get = || {
+        http::Request::get("http://api.example.com/v1")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    // First attempt fails (sent): the budget is empty, so no retry.
+    let err = svc.clone().oneshot(get()).await.unwrap_err();
+    assert_eq!(err.reason(), GiveUp::Budget);
+    // The circuit is open: refused, waits for the probe (no budget needed), probe succeeds.
+    dep.set(Health::Up);
+    let res = svc.clone().oneshot(get()).await;
+    assert!(res.is_ok(), "{:?}", res.err().map(|e| e.to_string()));
+    assert_eq!(dep.calls(), 2);
+    assert_eq!(
+        circuits.find("http://api.example.com").unwrap().state(),
+        CircuitState::Closed
+    );
+}

@@ -636,3 +636,50 @@ async fn attack_nothing_goes_to_a_secondary_that_becomes_ready_after_the_deadlin
         "sent to the secondary 1 s after the deadline: {result:?}"
     );
 }
+
+/// Holds? A circuit refusal of the primary, withdrawn by the fallback: the outer retry sees
+/// the secondary's sent failure, not a refusal, so it draws on its (empty) budget.
+#[tokio::test(start_paused = true)]
+async fn holds_a_stale_primary_refusal_does_not_reach_the_retry_above_the_fallback() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let breaker = CircuitBreakerLayer::new().consecutive_failures(1);
+    breaker.circuits().circuit("").isolate();
+    let primary = breaker.layer(counting::<String>(p.clone(), |_| Ok("A")));
+    let secondary = counting::<String>(s.clone(), |_| {
+        Err(std::io::ErrorKind::ConnectionReset.into())
+    });
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .budget(tower_once_retry::budget::RetryBudget::new(
+                    0.0,
+                    0,
+                    Duration::from_secs(10),
+                )),
+        )
+        .layer(FallbackLayer::new(secondary))
+        .service(primary);
+    let err = svc.oneshot("x".to_owned()).await.unwrap_err();
+    assert_eq!(err.refusals(), 0, "{err}");
+    assert_eq!(err.reason(), tower_once_retry::GiveUp::Budget, "{err}");
+    assert_eq!((p.load(SeqCst), s.load(SeqCst)), (0, 1));
+}
+
+/// Holds? A body exactly at the limit is kept; one byte over goes to the primary only.
+#[tokio::test(start_paused = true)]
+async fn holds_a_body_one_byte_over_the_limit_never_reaches_the_secondary() {
+    for (len, expected) in [(1024usize, 1usize), (1025, 0)] {
+        let (primary, secondary) = (Side::default(), Side::default());
+        let req = Request::post("http://a.example/upload")
+            .body(Full::new(Bytes::from(vec![b'x'; len])))
+            .unwrap();
+        let _ = HttpFallbackLayer::new(secondary.answering(201))
+            .body_limit(1024)
+            .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)))
+            .oneshot(req)
+            .await;
+        assert_eq!(secondary.calls(), expected, "{len}");
+    }
+}
