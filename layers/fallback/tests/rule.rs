@@ -683,3 +683,59 @@ async fn holds_a_body_one_byte_over_the_limit_never_reaches_the_secondary() {
         assert_eq!(secondary.calls(), expected, "{len}");
     }
 }
+
+/// `Unsent` for reqwest: "a connect error" is taken as "never sent". reqwest follows
+/// redirects: a POST answered `303 See Other` (the POST ran on A) is followed by a GET to a
+/// host that refuses connections; the error is a connect error, so the fallback sends the
+/// POST, which ran on A, to the secondary.
+#[tokio::test]
+async fn attack_a_post_that_ran_then_was_redirected_to_a_refused_host_is_not_unsent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A port nobody listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    // Provider A: runs the charge, answers 303 to a host that is down.
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a_addr = a.local_addr().unwrap();
+    let charged_on_a = Arc::new(AtomicU32::new(0));
+    let count = charged_on_a.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = a.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let mut read = 0;
+            loop {
+                let n = sock.read(&mut buf[read..]).await.unwrap();
+                read += n;
+                let text = String::from_utf8_lossy(&buf[..read]);
+                if n == 0 || (text.contains("\r\n\r\n") && text.ends_with("}")) {
+                    break;
+                }
+            }
+            count.fetch_add(1, SeqCst);
+            let res = format!(
+                "HTTP/1.1 303 See Other\r\nLocation: http://127.0.0.1:{closed_port}/receipt\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            sock.write_all(res.as_bytes()).await.unwrap();
+        }
+    });
+    let client = reqwest::Client::new();
+    let url = format!("http://{a_addr}/charges");
+    let primary = tower::service_fn(move |body: String| {
+        let (client, url) = (client.clone(), url.clone());
+        async move { client.post(url).body(body).send().await.map(|_| "A") }
+    });
+    let charged_on_b = Arc::new(AtomicU32::new(0));
+    let secondary = counting::<String>(charged_on_b.clone(), |_| Ok("charged by B"));
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("{\"amount\":500}".to_owned())
+        .await;
+    assert_eq!(charged_on_a.load(SeqCst), 1, "{result:?}");
+    assert_eq!(
+        charged_on_b.load(SeqCst),
+        0,
+        "the POST ran on A (303), and again on B: {result:?}"
+    );
+}
