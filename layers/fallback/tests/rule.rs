@@ -739,3 +739,37 @@ async fn attack_a_post_that_ran_then_was_redirected_to_a_refused_host_is_not_uns
         "the POST ran on A (303), and again on B: {result:?}"
     );
 }
+
+/// The retry layer draws nothing from its budget for an attempt a circuit refused, "for the
+/// dependency saw no load". Here the primary *was* sent (a reset) and only the secondary's
+/// circuit refused: the fallback lets the secondary's refusal through to the retry above, so
+/// the attempt passes for unsent and the primary is retried past an empty budget.
+#[tokio::test(start_paused = true)]
+async fn attack_a_sent_primary_with_a_refusing_secondary_still_draws_the_retry_budget() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let breaker = CircuitBreakerLayer::new();
+    breaker.circuits().circuit("").isolate();
+    let secondary = breaker.layer(counting::<String>(s.clone(), |_| Ok("B")));
+    let primary = counting::<String>(p.clone(), |_| {
+        Err(std::io::ErrorKind::ConnectionReset.into())
+    });
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .budget(tower_once_retry::budget::RetryBudget::new(
+                    0.0,
+                    0,
+                    Duration::from_secs(10),
+                )),
+        )
+        .layer(FallbackLayer::new(secondary).side_effect_free(true))
+        .service(primary);
+    let err = svc.oneshot("search".to_owned()).await.unwrap_err();
+    assert_eq!(
+        (p.load(SeqCst), err.reason(), err.refusals()),
+        (1, tower_once_retry::GiveUp::Budget, 0),
+        "{err}"
+    );
+}
