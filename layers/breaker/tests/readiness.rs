@@ -96,3 +96,71 @@ async fn without_the_gate_an_open_circuit_is_ready_and_refuses_at_call() {
     assert!(err.is_open());
     assert_eq!(dep.calls(), 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// Attacks (branch attack1).
+// ---------------------------------------------------------------------------------------
+
+/// A gated service made ready while the circuit was closed keeps that admission: after the
+/// circuit trips (through another service of the layer), its call is let through the open
+/// circuit. A Worker holds such readiness across its blocking fetch.
+#[tokio::test(start_paused = true)]
+async fn attack_readiness_from_a_closed_period_does_not_pass_an_open_circuit() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let circuit = layer.circuits().circuit("");
+    let mut held = layer.layer(dep.service());
+    held.ready().await.unwrap();
+    let mut other = layer.layer(dep.service());
+    other.ready().await.unwrap().call(1).await.unwrap_err();
+    assert_eq!(circuit.state(), CircuitState::Open);
+    let res = held.call(2).await;
+    assert_eq!(dep.calls(), 1, "sent through the open circuit: {res:?}");
+}
+
+/// "A half-open circuit admits exactly `half_open_probes` calls": a probe reserved at
+/// `poll_ready` and held past `max_half_open` outlives its half-open period. The circuit
+/// reopens, half-opens again and reserves a new probe for another service: both go,
+/// concurrently, with `half_open_probes(1)`.
+#[tokio::test(start_paused = true)]
+async fn attack_a_probe_reserved_past_max_half_open_is_not_a_second_probe() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated().max_half_open(Duration::from_secs(10));
+    let circuit = layer.circuits().circuit("");
+    let mut held = layer.layer(dep.service());
+    held.ready().await.unwrap().call(1).await.unwrap_err();
+    held.ready().await.unwrap();
+    assert_eq!(circuit.state(), CircuitState::HalfOpen, "probe reserved");
+    let mut other = layer.layer(dep.service());
+    other.ready().await.unwrap();
+    assert_eq!(circuit.state(), CircuitState::HalfOpen, "a new period's probe");
+    dep.set(Health::Hangs);
+    let _a = held.call(2);
+    let _b = other.call(3);
+    assert_eq!(dep.calls(), 2, "two probes at once, with half_open_probes(1)");
+}
+
+/// Holds? A clone of a service with a reserved probe reserves nothing; dropping the
+/// original gives the probe back to the clone.
+#[tokio::test(start_paused = true)]
+async fn holds_a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_back() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let mut svc = layer.layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    svc.ready().await.unwrap();
+    let mut clone = svc.clone();
+    assert!(timeout(Duration::from_secs(1), clone.ready()).await.is_err());
+    drop(svc);
+    timeout(Duration::from_millis(100), clone.ready())
+        .await
+        .expect("given back")
+        .unwrap();
+    dep.set(Health::Up);
+    assert_eq!(clone.call(2).await.unwrap(), "ok");
+    assert_eq!(dep.calls(), 2);
+}

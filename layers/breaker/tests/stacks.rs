@@ -227,3 +227,90 @@ async fn outside_a_retry_it_counts_each_operations_final_outcome() {
     assert!(err.is_open());
     assert_eq!(dep.calls(), 6);
 }
+
+// ---------------------------------------------------------------------------------------
+// Attacks (branch attack1).
+// ---------------------------------------------------------------------------------------
+
+/// "A RetryLayer above ... gives up at once otherwise (GiveUp::CircuitOpen)": with
+/// `gate_readiness`, an open circuit is not ready instead of refusing, so the retry waits
+/// in `poll_ready` for its whole deadline and ends with GiveUp::Deadline.
+#[tokio::test(start_paused = true)]
+async fn attack_a_retry_above_a_gated_breaker_gives_up_at_once_when_the_probe_is_past_its_deadline(
+) {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let breaker = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .gate_readiness(true)
+        .break_duration(fixed(60));
+    let circuit = breaker.circuits().circuit("");
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(4)
+                .deadline(Duration::from_secs(10))
+                .no_budget(),
+        )
+        .layer(breaker)
+        .service(dep.service::<u32>());
+    // Trip it.
+    let _ = svc.clone().oneshot(1).await;
+    assert_eq!(circuit.state(), CircuitState::Open);
+    let started = tokio::time::Instant::now();
+    let err = svc.clone().oneshot(2).await.unwrap_err();
+    assert_eq!(
+        (err.reason(), started.elapsed()),
+        (GiveUp::CircuitOpen, Duration::ZERO),
+        "{err}"
+    );
+    assert_eq!(dep.calls(), 1);
+}
+
+/// Holds? Retry → Buffer → Breaker with http::Request: the refused attempts draw nothing
+/// from an empty budget, and the operation counts once.
+#[tokio::test(start_paused = true)]
+async fn holds_refused_attempts_behind_a_buffer_never_draw_the_budget() {
+    type Req = http::Request<ReplayBody<Full<Bytes>>>;
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let breaker = CircuitBreakerLayer::http()
+        .classify(tower_once_core::classify::RetryOnError)
+        .consecutive_failures(1)
+        .break_duration(fixed(2));
+    let circuits = breaker.circuits();
+    let guarded = ServiceBuilder::new()
+        .buffer(4)
+        .layer(breaker)
+        .service(
+            dep.service::<Req>()
+                .map_response(|_| http::Response::new(Full::new(Bytes::new()))),
+        );
+    let budget = RetryBudget::new(0.0, 0, Duration::from_secs(10));
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(30))
+                .budget(budget)
+                .into_http(),
+        )
+        .service(guarded);
+    let get = || {
+        http::Request::get("http://api.example.com/v1")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    // First attempt fails (sent): the budget is empty, so no retry.
+    let err = svc.clone().oneshot(get()).await.unwrap_err();
+    assert_eq!(err.reason(), GiveUp::Budget);
+    // The circuit is open: refused, waits for the probe (no budget needed), probe succeeds.
+    dep.set(Health::Up);
+    let res = svc.clone().oneshot(get()).await;
+    assert!(res.is_ok(), "{:?}", res.err().map(|e| e.to_string()));
+    assert_eq!(dep.calls(), 2);
+    assert_eq!(
+        circuits.find("http://api.example.com").unwrap().state(),
+        CircuitState::Closed
+    );
+}

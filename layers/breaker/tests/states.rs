@@ -422,3 +422,59 @@ fn a_ratio_above_one_is_refused_when_built() {
 fn zero_failures_in_a_row_is_refused_when_built() {
     let _ = CircuitBreakerLayer::new().consecutive_failures(0);
 }
+
+// ---------------------------------------------------------------------------------------
+// Attacks (branch attack1).
+// ---------------------------------------------------------------------------------------
+
+/// `CircuitHandle::close`: "Closes it, with an empty window". On a closed circuit with
+/// failures counted it empties nothing: the next failure trips it.
+#[tokio::test(start_paused = true)]
+async fn attack_close_by_hand_empties_the_window_of_a_closed_circuit() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = CircuitBreakerLayer::new().consecutive_failures(3);
+    let circuit = layer.circuits().circuit("");
+    let mut svc = layer.layer(dep.service());
+    call(&mut svc).await.unwrap_err();
+    call(&mut svc).await.unwrap_err();
+    circuit.close();
+    call(&mut svc).await.unwrap_err();
+    assert_eq!(
+        circuit.state(),
+        CircuitState::Closed,
+        "one failure after an emptied window"
+    );
+}
+
+/// Holds? A probe whose outcome is the caller's fault (Stop) gives its place back; a stale
+/// success of a call admitted in an earlier closed period does not close a later period.
+#[tokio::test(start_paused = true)]
+async fn holds_outcomes_of_an_earlier_period_never_decide_a_later_one() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    dep.delay(Duration::from_secs(3));
+    let layer = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .break_duration(fixed(1))
+        .half_open_probes(2);
+    let circuit = layer.circuits().circuit("");
+    let svc = layer.layer(dep.service());
+    // Slow call admitted while closed.
+    let slow = tokio::spawn(svc.clone().oneshot(1));
+    tokio::task::yield_now().await;
+    dep.delay(Duration::ZERO);
+    svc.clone().oneshot(2).await.unwrap_err();
+    assert_eq!(circuit.state(), CircuitState::Open);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    dep.set(Health::Up);
+    dep.delay(Duration::from_secs(5));
+    let p1 = tokio::spawn(svc.clone().oneshot(3));
+    tokio::task::yield_now().await;
+    // The slow call from the closed period now fails: it must not reopen the half-open one.
+    let _ = slow.await;
+    assert_eq!(circuit.state(), CircuitState::HalfOpen);
+    let _ = p1.await;
+    assert_eq!(circuit.state(), CircuitState::HalfOpen, "one of two probes");
+    assert_eq!(dep.calls(), 3);
+}

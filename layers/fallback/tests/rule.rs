@@ -356,3 +356,420 @@ async fn plain_requests_go_on_only_unsent_unless_the_layer_is_told_more() {
     assert_eq!(free.layer(reset).oneshot("x".into()).await.unwrap(), "B");
     assert_eq!(*calls.lock().unwrap(), 2);
 }
+
+// ---------------------------------------------------------------------------------------
+// Attacks (branch attack1): ordinary stacks that must never produce a double effect.
+// ---------------------------------------------------------------------------------------
+
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use tower_once_core::backoff::{Backoff, Jitter};
+
+fn fixed_break(secs: u64) -> Backoff {
+    Backoff::new(Duration::from_secs(secs), 1.0, Duration::from_secs(secs))
+        .unwrap()
+        .jitter(Jitter::None)
+}
+
+/// A plain service counting its calls, answering each with `answer(n)` (n: 1 for the first).
+fn counting<Req: Send + 'static>(
+    calls: Arc<AtomicU32>,
+    answer: fn(u32) -> Result<&'static str, std::io::Error>,
+) -> impl tower::Service<
+    Req,
+    Response = &'static str,
+    Error = std::io::Error,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_: Req| {
+        let n = calls.fetch_add(1, SeqCst) + 1;
+        async move { answer(n) }
+    })
+}
+
+/// RetryError's `Unsent`: an operation whose first attempt was sent (a reset: it may have
+/// run), whose circuit then opened and refused its second attempt, is not "unsent". The
+/// retry layer gives up with GiveUp::CircuitOpen after 2 attempts, 1 refused; the fallback
+/// must keep the primary's outcome.
+#[tokio::test(start_paused = true)]
+async fn attack_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let primary = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .no_budget(),
+        )
+        .layer(
+            CircuitBreakerLayer::new()
+                .consecutive_failures(1)
+                .break_duration(fixed_break(60)),
+        )
+        .service(counting::<String>(p.clone(), |_| {
+            Err(std::io::ErrorKind::ConnectionReset.into())
+        }));
+    let secondary = counting::<String>(s.clone(), |_| Ok("charged by B"));
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(
+        (p.load(SeqCst), s.load(SeqCst)),
+        (1, 0),
+        "charged on A (reset after sending) and again on B: {result:?}"
+    );
+}
+
+/// The same with HTTP: a POST the retry layer stamped a key on (so that it may retry it on
+/// the primary) is sent, reset, then refused by its now open circuit; the fallback above the
+/// retry must not send it to a secondary that does not share the primary's records.
+#[tokio::test(start_paused = true)]
+async fn attack_http_post_sent_then_refused_by_its_circuit_stays_with_the_primary() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let primary_stack = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .no_budget()
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .layer(
+            CircuitBreakerLayer::http()
+                .consecutive_failures(1)
+                .break_duration(fixed_break(60)),
+        )
+        .service(primary.failing(Err(std::io::ErrorKind::ConnectionReset)));
+    let result = HttpFallbackLayer::new(secondary.answering(201))
+        .layer(primary_stack)
+        .oneshot(post())
+        .await;
+    assert_eq!(
+        (primary.calls(), secondary.calls()),
+        (1, 0),
+        "the POST may have run on A, and ran on B: {result:?}"
+    );
+}
+
+/// A `tower::buffer::Buffer` between the fallback and the retry layer boxes the error. The
+/// boxed chain then answers "unsent" if *any* error in it is a refused connection: the first
+/// attempt was reset after sending (it may have run), the second found the primary refusing
+/// connections. The typed RetryError says "may have run"; the boxed one must too.
+#[tokio::test(start_paused = true)]
+async fn attack_behind_a_buffer_a_retry_whose_earlier_attempt_was_sent_is_not_unsent() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let primary = ServiceBuilder::new()
+        .buffer(8)
+        .layer(
+            RetryLayer::new()
+                .max_attempts(2)
+                .deadline(Duration::from_secs(10))
+                .no_budget(),
+        )
+        .service(counting::<String>(p.clone(), |n| match n {
+            1 => Err(std::io::ErrorKind::ConnectionReset.into()),
+            _ => Err(std::io::ErrorKind::ConnectionRefused.into()),
+        }));
+    let secondary = tower::service_fn({
+        let s = s.clone();
+        move |_: String| {
+            s.fetch_add(1, SeqCst);
+            async { Ok::<_, tower::BoxError>("charged by B") }
+        }
+    });
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(
+        (p.load(SeqCst), s.load(SeqCst)),
+        (2, 0),
+        "the first attempt may have run on A: {result:?}"
+    );
+}
+
+/// Behind a Buffer, the circuit's refusal of the second attempt also reads as "unsent" in
+/// the boxed chain (a Refused is found), although the first attempt was sent.
+#[tokio::test(start_paused = true)]
+async fn attack_behind_a_buffer_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let primary = ServiceBuilder::new()
+        .buffer(8)
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .no_budget(),
+        )
+        .layer(
+            CircuitBreakerLayer::new()
+                .consecutive_failures(1)
+                .break_duration(fixed_break(60)),
+        )
+        .service(counting::<String>(p.clone(), |_| {
+            Err(std::io::ErrorKind::ConnectionReset.into())
+        }));
+    let secondary = tower::service_fn({
+        let s = s.clone();
+        move |_: String| {
+            s.fetch_add(1, SeqCst);
+            async { Ok::<_, tower::BoxError>("charged by B") }
+        }
+    });
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(
+        (p.load(SeqCst), s.load(SeqCst)),
+        (1, 0),
+        "the first attempt may have run on A: {result:?}"
+    );
+}
+
+/// An outer retry around the fallback: the POST (keyed by the retry, so the *primary* may be
+/// retried safely) is sent and reset on attempt 1 (withheld: correct), which opens the
+/// primary's circuit; attempt 2 is refused by that circuit, so the fallback sees an "unsent"
+/// failure and sends the same operation to the secondary, which does not share the
+/// primary's records. The operation may now have run on both.
+#[tokio::test(start_paused = true)]
+async fn attack_an_outer_retry_around_the_fallback_never_sends_a_sent_operation_on() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let fallback = HttpFallbackLayer::new(secondary.answering(201)).layer(
+        ServiceBuilder::new()
+            .layer(
+                CircuitBreakerLayer::http()
+                    .consecutive_failures(1)
+                    .break_duration(fixed_break(60)),
+            )
+            .service(primary.failing(Err(std::io::ErrorKind::ConnectionReset))),
+    );
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .no_budget()
+                .into_http()
+                .stamp_idempotency_keys(true),
+        )
+        .service(fallback);
+    let result = svc.oneshot(post()).await;
+    let (p, s) = (primary.keys(), secondary.keys());
+    assert_eq!(
+        (p.len(), s.len()),
+        (1, 0),
+        "key {:?} sent to A, then to B: {:?}",
+        p,
+        result.map(|r| r.status())
+    );
+}
+
+/// A secondary that is ready only once `open` is set (a full pool, a concurrency limit).
+#[derive(Clone)]
+struct Gated {
+    open: Arc<Mutex<(bool, Option<std::task::Waker>)>>,
+    calls: Arc<AtomicU32>,
+}
+
+impl Gated {
+    fn open(&self) {
+        let mut g = self.open.lock().unwrap();
+        g.0 = true;
+        if let Some(w) = g.1.take() {
+            w.wake();
+        }
+    }
+}
+
+impl<B> tower::Service<Request<B>> for Gated {
+    type Response = Response<String>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Response<String>, std::io::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        let mut g = self.open.lock().unwrap();
+        if g.0 {
+            std::task::Poll::Ready(Ok(()))
+        } else {
+            g.1 = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        }
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        self.calls.fetch_add(1, SeqCst);
+        std::future::ready(Ok(Response::new(String::new())))
+    }
+}
+
+/// "No request goes to the secondary once [the deadline] has passed": the secondary is not
+/// ready when the primary's unsent failure comes in; it becomes ready only after the
+/// deadline, before the fallback's future is polled again. It must not be called then.
+#[tokio::test(start_paused = true)]
+async fn attack_nothing_goes_to_a_secondary_that_becomes_ready_after_the_deadline() {
+    let primary = Side::default();
+    let secondary = Gated {
+        open: Arc::default(),
+        calls: Arc::default(),
+    };
+    let fut = HttpFallbackLayer::new(secondary.clone())
+        .deadline(Duration::from_secs(2))
+        .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)))
+        .oneshot(post());
+    tokio::pin!(fut);
+    assert!(futures_util::poll!(fut.as_mut()).is_pending());
+    assert_eq!(primary.calls(), 1);
+    // The deadline passes while the task is busy elsewhere; then the secondary frees up.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    secondary.open();
+    let result = fut.await;
+    assert_eq!(
+        secondary.calls.load(SeqCst),
+        0,
+        "sent to the secondary 1 s after the deadline: {result:?}"
+    );
+}
+
+/// Holds? A circuit refusal of the primary, withdrawn by the fallback: the outer retry sees
+/// the secondary's sent failure, not a refusal, so it draws on its (empty) budget.
+#[tokio::test(start_paused = true)]
+async fn holds_a_stale_primary_refusal_does_not_reach_the_retry_above_the_fallback() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let breaker = CircuitBreakerLayer::new().consecutive_failures(1);
+    breaker.circuits().circuit("").isolate();
+    let primary = breaker.layer(counting::<String>(p.clone(), |_| Ok("A")));
+    let secondary = counting::<String>(s.clone(), |_| {
+        Err(std::io::ErrorKind::ConnectionReset.into())
+    });
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .budget(tower_once_retry::budget::RetryBudget::new(
+                    0.0,
+                    0,
+                    Duration::from_secs(10),
+                )),
+        )
+        .layer(FallbackLayer::new(secondary))
+        .service(primary);
+    let err = svc.oneshot("x".to_owned()).await.unwrap_err();
+    assert_eq!(err.refusals(), 0, "{err}");
+    assert_eq!(err.reason(), tower_once_retry::GiveUp::Budget, "{err}");
+    assert_eq!((p.load(SeqCst), s.load(SeqCst)), (0, 1));
+}
+
+/// Holds? A body exactly at the limit is kept; one byte over goes to the primary only.
+#[tokio::test(start_paused = true)]
+async fn holds_a_body_one_byte_over_the_limit_never_reaches_the_secondary() {
+    for (len, expected) in [(1024usize, 1usize), (1025, 0)] {
+        let (primary, secondary) = (Side::default(), Side::default());
+        let req = Request::post("http://a.example/upload")
+            .body(Full::new(Bytes::from(vec![b'x'; len])))
+            .unwrap();
+        let _ = HttpFallbackLayer::new(secondary.answering(201))
+            .body_limit(1024)
+            .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)))
+            .oneshot(req)
+            .await;
+        assert_eq!(secondary.calls(), expected, "{len}");
+    }
+}
+
+/// `Unsent` for reqwest: "a connect error" is taken as "never sent". reqwest follows
+/// redirects: a POST answered `303 See Other` (the POST ran on A) is followed by a GET to a
+/// host that refuses connections; the error is a connect error, so the fallback sends the
+/// POST, which ran on A, to the secondary.
+#[tokio::test]
+async fn attack_a_post_that_ran_then_was_redirected_to_a_refused_host_is_not_unsent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A port nobody listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    // Provider A: runs the charge, answers 303 to a host that is down.
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a_addr = a.local_addr().unwrap();
+    let charged_on_a = Arc::new(AtomicU32::new(0));
+    let count = charged_on_a.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = a.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let mut read = 0;
+            loop {
+                let n = sock.read(&mut buf[read..]).await.unwrap();
+                read += n;
+                let text = String::from_utf8_lossy(&buf[..read]);
+                if n == 0 || (text.contains("\r\n\r\n") && text.ends_with("}")) {
+                    break;
+                }
+            }
+            count.fetch_add(1, SeqCst);
+            let res = format!(
+                "HTTP/1.1 303 See Other\r\nLocation: http://127.0.0.1:{closed_port}/receipt\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            sock.write_all(res.as_bytes()).await.unwrap();
+        }
+    });
+    let client = reqwest::Client::new();
+    let url = format!("http://{a_addr}/charges");
+    let primary = tower::service_fn(move |body: String| {
+        let (client, url) = (client.clone(), url.clone());
+        async move { client.post(url).body(body).send().await.map(|_| "A") }
+    });
+    let charged_on_b = Arc::new(AtomicU32::new(0));
+    let secondary = counting::<String>(charged_on_b.clone(), |_| Ok("charged by B"));
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("{\"amount\":500}".to_owned())
+        .await;
+    assert_eq!(charged_on_a.load(SeqCst), 1, "{result:?}");
+    assert_eq!(
+        charged_on_b.load(SeqCst),
+        0,
+        "the POST ran on A (303), and again on B: {result:?}"
+    );
+}
+
+/// The retry layer draws nothing from its budget for an attempt a circuit refused, "for the
+/// dependency saw no load". Here the primary *was* sent (a reset) and only the secondary's
+/// circuit refused: the fallback lets the secondary's refusal through to the retry above, so
+/// the attempt passes for unsent and the primary is retried past an empty budget.
+#[tokio::test(start_paused = true)]
+async fn attack_a_sent_primary_with_a_refusing_secondary_still_draws_the_retry_budget() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let breaker = CircuitBreakerLayer::new();
+    breaker.circuits().circuit("").isolate();
+    let secondary = breaker.layer(counting::<String>(s.clone(), |_| Ok("B")));
+    let primary = counting::<String>(p.clone(), |_| {
+        Err(std::io::ErrorKind::ConnectionReset.into())
+    });
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(3)
+                .deadline(Duration::from_secs(10))
+                .budget(tower_once_retry::budget::RetryBudget::new(
+                    0.0,
+                    0,
+                    Duration::from_secs(10),
+                )),
+        )
+        .layer(FallbackLayer::new(secondary).side_effect_free(true))
+        .service(primary);
+    let err = svc.oneshot("search".to_owned()).await.unwrap_err();
+    assert_eq!(
+        (p.load(SeqCst), err.reason(), err.refusals()),
+        (1, tower_once_retry::GiveUp::Budget, 0),
+        "{err}"
+    );
+}
