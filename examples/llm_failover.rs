@@ -96,9 +96,8 @@ fn parse_args() -> Result<Args, String> {
                     .ok_or("--concurrency must be 1 to 1024")?
             }
             "--deadline-ms" => {
-                args.deadline = Duration::from_millis(
-                    number(&arg, argv.next())?.clamp(10, 24 * 3600 * 1000),
-                )
+                args.deadline =
+                    Duration::from_millis(number(&arg, argv.next())?.clamp(10, 24 * 3600 * 1000))
             }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unexpected argument {other}\n{USAGE}")),
@@ -120,8 +119,12 @@ fn provider<S, B>(
     client: S,
     base: Uri,
     calls: Arc<AtomicU64>,
-) -> impl Service<Request<B>, Response = S::Response, Error = S::Error, Future = tower::util::Oneshot<S, Request<B>>>
-       + Clone
+) -> impl Service<
+    Request<B>,
+    Response = S::Response,
+    Error = S::Error,
+    Future = tower::util::Oneshot<S, Request<B>>,
+> + Clone
 where
     S: Service<Request<B>> + Clone,
 {
@@ -188,7 +191,11 @@ async fn main() -> ExitCode {
                 .into_http(),
         )
         .layer(HttpTimeoutLayer::new(attempt_timeout))
-        .service(provider(client, args.primary.clone(), primary_calls.clone()));
+        .service(provider(
+            client,
+            args.primary.clone(),
+            primary_calls.clone(),
+        ));
 
     let (mut ok, mut failed) = (0u64, 0u64);
     let mut tally = |line: serde_json::Value| {

@@ -238,7 +238,10 @@ async fn a_hedge_with_the_same_key_cuts_a_slow_path_and_charges_once() {
     // The slow copy reaches the server later, with the same key: a replay, not a charge.
     let waited = Instant::now();
     while forwarded.load(SeqCst) < 2 {
-        assert!(waited.elapsed() < Duration::from_secs(10), "the slow copy never arrived");
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the slow copy never arrived"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;

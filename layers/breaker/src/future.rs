@@ -37,6 +37,13 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Whether the admission still stands (its circuit is in the same period).
+    pub(crate) fn is_current(&self) -> bool {
+        self.circuit.0.still_admits(self.admitted)
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         if !self.settled {

@@ -31,29 +31,39 @@ pub struct Circuits {
 }
 
 impl Circuits {
-    /// The circuit named `key` (`""`: the layer's default circuit), made if there is none yet
-    /// (within [`max_circuits`](crate::CircuitBreakerLayer::max_circuits)).
+    /// The circuit named `key` (`""`: the layer's default circuit), made if there is none yet.
+    /// A circuit made by hand is always that key's own, even past
+    /// [`max_circuits`](crate::CircuitBreakerLayer::max_circuits) (which bounds the keys
+    /// requests bring): isolating a host never isolates the others with it.
     pub fn circuit(&self, key: &str) -> CircuitHandle {
-        CircuitHandle {
-            circuit: self.registry.circuit(key),
-        }
+        self.handle(self.registry.circuit(key))
     }
 
     /// The circuit named `key`, if requests (or [`circuit`](Self::circuit)) made it.
     pub fn find(&self, key: &str) -> Option<CircuitHandle> {
-        self.registry
-            .find(key)
-            .map(|circuit| CircuitHandle { circuit })
+        self.registry.find(key).map(|circuit| self.handle(circuit))
     }
 
-    /// Every circuit: the default one first, then the keyed ones, and the one keys share when
-    /// the bound is reached (named `(overflow)`).
+    /// The circuit new keys share when the bound is reached and no circuit is idle (its key
+    /// is `(overflow)`; [`CircuitHandle::is_overflow`] tells it from a key spelled so).
+    pub fn overflow(&self) -> CircuitHandle {
+        self.handle(self.registry.overflow())
+    }
+
+    /// Every circuit: the default one first, then the keyed ones, and the overflow one.
     pub fn all(&self) -> Vec<CircuitHandle> {
         self.registry
             .all()
             .into_iter()
-            .map(|circuit| CircuitHandle { circuit })
+            .map(|circuit| self.handle(circuit))
             .collect()
+    }
+
+    fn handle(&self, circuit: crate::circuit::Circuit) -> CircuitHandle {
+        CircuitHandle {
+            overflow: self.registry.is_overflow(&circuit),
+            circuit,
+        }
     }
 }
 
@@ -69,12 +79,18 @@ impl fmt::Debug for Circuits {
 #[derive(Clone)]
 pub struct CircuitHandle {
     circuit: Circuit,
+    overflow: bool,
 }
 
 impl CircuitHandle {
     /// Its key (`""` for the layer's default circuit).
     pub fn key(&self) -> &str {
         self.circuit.name()
+    }
+
+    /// Whether it is the circuit new keys share at the bound ([`Circuits::overflow`]).
+    pub fn is_overflow(&self) -> bool {
+        self.overflow
     }
 
     /// Its state now.

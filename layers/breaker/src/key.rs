@@ -4,7 +4,11 @@
 //! host, or one sick host opens the circuit for all of them (Microsoft's resilience handler
 //! keys by authority, seatbelt by a `breaker_id`). A [`CircuitKey`] names the circuit of each
 //! request; the layer keeps at most [`max_circuits`](crate::CircuitBreakerLayer::max_circuits)
-//! of them.
+//! of them. Past the bound, a new key evicts an idle circuit (closed, no failure counted, no
+//! call through it for a minute, or its window when longer), and shares one overflow circuit
+//! when none is idle: a stream of hostile keys cannot grow memory, nor evict (and so reset) a
+//! circuit that is failing or has calls under way. Circuits made by hand
+//! ([`Circuits::circuit`](crate::Circuits::circuit)) are always their key's own.
 //!
 //! | key | circuits |
 //! |---|---|

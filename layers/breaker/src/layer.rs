@@ -187,8 +187,9 @@ impl<K, C> CircuitBreakerLayer<K, C> {
     }
 
     /// The most circuits with keys of their own. Default 1 024. Past it, a new key evicts an
-    /// idle circuit (closed, no failure counted), or shares one overflow circuit: a stream of
-    /// hostile keys cannot grow memory, nor reset a sick endpoint's circuit.
+    /// idle circuit (closed, no failure counted, no call for a minute), or shares one overflow
+    /// circuit: a stream of hostile keys cannot grow memory, nor reset a sick endpoint's
+    /// circuit. Each circuit takes about 2 KiB.
     ///
     /// # Panics
     ///

@@ -95,7 +95,13 @@
 //! [`gate_readiness`](CircuitBreakerLayer::gate_readiness), the service is not ready while its
 //! default circuit is open, and a half-open circuit's probe is reserved at `poll_ready`: a
 //! `Worker` then fetches only as many jobs as it may run, and a balancer routes around the
-//! endpoint.
+//! endpoint. A reserved admission holds only while the circuit stays in the same period (one
+//! reserved while closed does not pass a circuit that opened since). A gated service never
+//! holds a caller past the deadline in scope (a `RetryLayer` polls readiness inside its
+//! operation's deadline; a worker inside the job's): when the break ends after it, the service
+//! is ready at once and the call is refused, so the retry layer gives up at once. The HTTP
+//! retry layer asks for readiness before its operation (and deadline) begins: in front of it,
+//! leave the gate off.
 //!
 //! # Per-key circuits
 //!

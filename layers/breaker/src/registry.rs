@@ -5,15 +5,17 @@
 //! a line only its thread uses. A miss takes the layer's one mutex, which also adds the circuit
 //! to that thread's cache, so an evicted circuit never comes back through a cache.
 //!
-//! When the bound is reached, a new key evicts an idle circuit (closed, no failure counted:
-//! forgetting it loses nothing), looking at up to eight of the oldest; an open or failing
-//! circuit is never evicted, so a stream of hostile keys cannot reset a sick endpoint's
-//! breaker. When none of them is idle, the new key shares one overflow circuit.
+//! When the bound is reached, a new key evicts an idle circuit (closed, no failure counted, no
+//! call through it lately: forgetting it loses nothing), looking at up to eight of the oldest;
+//! an open or failing circuit, or one with calls under way, is never evicted, so a stream of
+//! hostile keys cannot reset a sick endpoint's breaker. When none of them is idle, the new key
+//! shares one overflow circuit.
 
 use crate::circuit::Circuit;
 use crate::config::Policy;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use tokio::time::Instant;
 use tower_once_core::shard::{index, Padded, PerThread, SHARDS};
 
 /// The name of the circuit new keys share when the bound is reached and no circuit is idle.
@@ -66,22 +68,27 @@ impl Registry {
     #[inline]
     pub(crate) fn lookup(&self, name: &str) -> Arc<Padded<Circuit>> {
         let cache = &self.caches[index()].0;
-        if let Some(found) = cache
+        let found = cache
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(name)
-        {
-            return found.local();
-        }
-        self.lookup_slow(name, cache).local()
+            .map(PerThread::local);
+        let circuit = match found {
+            Some(circuit) => circuit,
+            None => self.lookup_slow(name, cache, false).local(),
+        };
+        circuit.0.touch(Instant::now());
+        circuit
     }
 
+    /// `by_hand`: made for a person steering it, who gets the circuit of that key even past
+    /// the bound (the bound is against keys that requests bring).
     #[cold]
-    fn lookup_slow(&self, name: &str, cache: &RwLock<Cache>) -> PerThread<Circuit> {
+    fn lookup_slow(&self, name: &str, cache: &RwLock<Cache>, by_hand: bool) -> PerThread<Circuit> {
         let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
         let (key, circuit) = match global.map.get_key_value(name) {
             Some((key, circuit)) => (key.clone(), circuit.clone()),
-            None => match self.make_room(&mut global) {
+            None => match self.make_room(&mut global) || by_hand {
                 false => return self.overflow.clone(),
                 true => {
                     let key: Arc<str> = Arc::from(name);
@@ -108,6 +115,7 @@ impl Registry {
         if global.map.len() < self.policy.max_circuits {
             return true;
         }
+        let now = Instant::now();
         for _ in 0..EVICTION_TRIES.min(global.order.len()) {
             let Some(oldest) = global.order.pop_front() else {
                 break;
@@ -115,7 +123,7 @@ impl Registry {
             let idle = global
                 .map
                 .get(&oldest)
-                .is_none_or(|circuit| circuit.get().is_idle());
+                .is_none_or(|circuit| circuit.get().is_idle(now));
             if !idle {
                 global.order.push_back(oldest);
                 continue;
@@ -137,22 +145,31 @@ impl Registry {
         false
     }
 
-    /// The circuit named `name` (`""`: the default one), made if need be.
+    /// The circuit named `name` (`""`: the default one), made if need be, even past the bound.
     pub(crate) fn circuit(&self, name: &str) -> Circuit {
         if name.is_empty() {
             return self.default.get().clone();
         }
         let cache = &self.caches[index()].0;
-        self.lookup_slow(name, cache).get().clone()
+        let circuit = self.lookup_slow(name, cache, true).get().clone();
+        circuit.touch(Instant::now());
+        circuit
+    }
+
+    /// The circuit keys share when the bound is reached and no circuit is idle.
+    pub(crate) fn overflow(&self) -> Circuit {
+        self.overflow.get().clone()
+    }
+
+    /// Whether `circuit` is the one keys share at the bound.
+    pub(crate) fn is_overflow(&self, circuit: &Circuit) -> bool {
+        circuit.same_as(self.overflow.get())
     }
 
     /// The circuit named `name` if there is one.
     pub(crate) fn find(&self, name: &str) -> Option<Circuit> {
         if name.is_empty() {
             return Some(self.default.get().clone());
-        }
-        if name == OVERFLOW {
-            return Some(self.overflow.get().clone());
         }
         let global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
         global.map.get(name).map(|circuit| circuit.get().clone())

@@ -16,6 +16,7 @@ use tower_once_core::attempt::Attempt;
 use tower_once_core::carrier::Carrier;
 use tower_once_core::classify::Classify;
 use tower_once_core::shard::PerThread;
+use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 /// What a service and its futures hold of their layer: its thread's copy (see
@@ -154,7 +155,13 @@ where
             config.key.key(&req, &mut self.name);
             !self.name.is_empty()
         };
-        let reserved = self.gate.as_mut().and_then(|gate| gate.reserved.take());
+        // NOTE: an admission reserved at `poll_ready` holds only while the circuit is in the
+        // same period: reserved while closed, it does not pass a circuit that opened since.
+        let reserved = self
+            .gate
+            .as_mut()
+            .and_then(|gate| gate.reserved.take())
+            .filter(Guard::is_current);
         let admitted = match reserved {
             // The gate reserved an admission on the default circuit for this call.
             Some(guard) if !keyed => Ok(guard.counted(counted)),
@@ -192,12 +199,16 @@ where
 }
 
 impl Gate {
-    /// Ready once the default circuit admits a call, which it then holds for the next one.
+    /// Ready once the default circuit admits a call, which it then holds for the next one;
+    /// ready at once (the call is then refused) when the circuit admits none before the
+    /// deadline in scope, so a caller is never held past it.
     fn poll_admitted(&mut self, circuit: &PerThread<Circuit>, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            if self.reserved.is_some() {
+            if self.reserved.as_ref().is_some_and(Guard::is_current) {
                 return Poll::Ready(());
             }
+            // A reservation of an earlier period is given back.
+            self.reserved = None;
             let local = circuit.local();
             match local.0.admit(true) {
                 Ok(admitted) => {
@@ -211,7 +222,17 @@ impl Gate {
                         (crate::CircuitState::Isolated, _) | (_, None) => ISOLATED_RECHECK,
                         (_, Some(left)) => left,
                     };
-                    let until = tower_once_core::time::saturating_add(Instant::now(), wait);
+                    let now = Instant::now();
+                    let until = tower_once_core::time::saturating_add(now, wait);
+                    let admits_in_time = match (refusal.state, Deadline::current()) {
+                        (crate::CircuitState::Open, Some(deadline)) => until < deadline.instant(),
+                        (_, Some(deadline)) => !deadline.is_expired(),
+                        (_, None) => true,
+                    };
+                    if !admits_in_time {
+                        self.sleep = None;
+                        return Poll::Ready(());
+                    }
                     let sleep = self
                         .sleep
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));

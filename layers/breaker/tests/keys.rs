@@ -173,16 +173,12 @@ async fn requests_without_a_key_share_the_default_circuit() {
     assert!(!svc.clone().oneshot(101).await.unwrap_err().is_open());
 }
 
-// ---------------------------------------------------------------------------------------
-// Attacks (branch attack1).
-// ---------------------------------------------------------------------------------------
-
 /// "A stream of hostile keys cannot ... reset a sick endpoint's breaker": a sick endpoint's
 /// circuit has two (slow, failing) calls under way and no failure counted yet, so it is
 /// "idle"; one new key evicts it. The two failures land in the evicted circuit; the next
 /// call to the sick endpoint gets a fresh, closed circuit and is sent.
 #[tokio::test(start_paused = true)]
-async fn attack_a_circuit_with_failing_calls_under_way_is_not_reset_by_a_new_key() {
+async fn a_circuit_with_failing_calls_under_way_is_not_reset_by_a_new_key() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     dep.delay(Duration::from_secs(1));
@@ -211,7 +207,7 @@ async fn attack_a_circuit_with_failing_calls_under_way_is_not_reset_by_a_new_key
 /// A key spelled "(overflow)" is a keyed circuit of its own, but `find` answers with the
 /// shared overflow circuit: the operator reads (and steers) the wrong circuit.
 #[tokio::test(start_paused = true)]
-async fn attack_a_key_named_like_the_overflow_circuit_is_found_as_itself() {
+async fn a_key_named_like_the_overflow_circuit_is_found_as_itself() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let layer = CircuitBreakerLayer::new()
@@ -219,7 +215,10 @@ async fn attack_a_key_named_like_the_overflow_circuit_is_found_as_itself() {
         .key_by(|req: &String| Some(req.clone()));
     let circuits = layer.circuits();
     let svc = layer.layer(dep.service());
-    svc.clone().oneshot("(overflow)".to_owned()).await.unwrap_err();
+    svc.clone()
+        .oneshot("(overflow)".to_owned())
+        .await
+        .unwrap_err();
     assert!(svc
         .clone()
         .oneshot("(overflow)".to_owned())
@@ -237,7 +236,7 @@ async fn attack_a_key_named_like_the_overflow_circuit_is_found_as_itself() {
 /// Steering by hand at the bound: isolating one host's circuit when every keyed circuit is
 /// busy hands back the overflow circuit, and isolates every other new host with it.
 #[tokio::test(start_paused = true)]
-async fn attack_isolating_one_host_at_the_bound_does_not_isolate_other_hosts() {
+async fn isolating_one_host_at_the_bound_does_not_isolate_other_hosts() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let layer = CircuitBreakerLayer::new()
@@ -259,10 +258,10 @@ async fn attack_isolating_one_host_at_the_bound_does_not_isolate_other_hosts() {
     );
 }
 
-/// Holds? Hostile keys: a 60 KiB authority, an empty key, a key of only unicode, and a URI
+/// Hostile keys: a 60 KiB authority, an empty key, a key of only unicode, and a URI
 /// with '@' in the password; no panic, credentials never in a name.
 #[tokio::test(start_paused = true)]
-async fn holds_hostile_keys_neither_panic_nor_leak_credentials() {
+async fn hostile_keys_neither_panic_nor_leak_credentials() {
     let dep = Dependency::default();
     let layer = CircuitBreakerLayer::http().classify(RetryOnError);
     let circuits = layer.circuits();
@@ -277,9 +276,14 @@ async fn holds_hostile_keys_neither_panic_nor_leak_credentials() {
         svc.clone().oneshot(get(&uri)).await.unwrap();
     }
     let names: Vec<_> = circuits.all().iter().map(|c| c.key().to_owned()).collect();
-    assert!(names.iter().all(|n| !n.contains("p%3Ass") && !n.contains("us%40er")));
+    assert!(names
+        .iter()
+        .all(|n| !n.contains("p%3Ass") && !n.contains("us%40er")));
     assert!(names.contains(&"https://api.example:8443".to_owned()));
-    assert!(names.contains(&"https://[::1]:65535".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"https://[::1]:65535".to_owned()),
+        "{names:?}"
+    );
     let keyed = CircuitBreakerLayer::new().key_by(|req: &String| Some(req.clone()));
     let svc = keyed.layer(dep.service());
     for key in ["", "ключ", "\u{0}", "(overflow)x"] {

@@ -97,15 +97,11 @@ async fn without_the_gate_an_open_circuit_is_ready_and_refuses_at_call() {
     assert_eq!(dep.calls(), 1);
 }
 
-// ---------------------------------------------------------------------------------------
-// Attacks (branch attack1).
-// ---------------------------------------------------------------------------------------
-
 /// A gated service made ready while the circuit was closed keeps that admission: after the
 /// circuit trips (through another service of the layer), its call is let through the open
 /// circuit. A Worker holds such readiness across its blocking fetch.
 #[tokio::test(start_paused = true)]
-async fn attack_readiness_from_a_closed_period_does_not_pass_an_open_circuit() {
+async fn readiness_from_a_closed_period_does_not_pass_an_open_circuit() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let layer = gated();
@@ -124,7 +120,7 @@ async fn attack_readiness_from_a_closed_period_does_not_pass_an_open_circuit() {
 /// reopens, half-opens again and reserves a new probe for another service: both go,
 /// concurrently, with `half_open_probes(1)`.
 #[tokio::test(start_paused = true)]
-async fn attack_a_probe_reserved_past_max_half_open_is_not_a_second_probe() {
+async fn a_probe_reserved_past_max_half_open_is_not_a_second_probe() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let layer = gated().max_half_open(Duration::from_secs(10));
@@ -135,17 +131,25 @@ async fn attack_a_probe_reserved_past_max_half_open_is_not_a_second_probe() {
     assert_eq!(circuit.state(), CircuitState::HalfOpen, "probe reserved");
     let mut other = layer.layer(dep.service());
     other.ready().await.unwrap();
-    assert_eq!(circuit.state(), CircuitState::HalfOpen, "a new period's probe");
+    assert_eq!(
+        circuit.state(),
+        CircuitState::HalfOpen,
+        "a new period's probe"
+    );
     dep.set(Health::Hangs);
     let _a = held.call(2);
     let _b = other.call(3);
-    assert_eq!(dep.calls(), 2, "two probes at once, with half_open_probes(1)");
+    assert_eq!(
+        dep.calls(),
+        2,
+        "two probes at once, with half_open_probes(1)"
+    );
 }
 
-/// Holds? A clone of a service with a reserved probe reserves nothing; dropping the
+/// A clone of a service with a reserved probe reserves nothing; dropping the
 /// original gives the probe back to the clone.
 #[tokio::test(start_paused = true)]
-async fn holds_a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_back() {
+async fn a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_back() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let layer = gated();
@@ -154,7 +158,9 @@ async fn holds_a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_b
     tokio::time::advance(Duration::from_secs(5)).await;
     svc.ready().await.unwrap();
     let mut clone = svc.clone();
-    assert!(timeout(Duration::from_secs(1), clone.ready()).await.is_err());
+    assert!(timeout(Duration::from_secs(1), clone.ready())
+        .await
+        .is_err());
     drop(svc);
     timeout(Duration::from_millis(100), clone.ready())
         .await

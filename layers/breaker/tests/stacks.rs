@@ -228,16 +228,11 @@ async fn outside_a_retry_it_counts_each_operations_final_outcome() {
     assert_eq!(dep.calls(), 6);
 }
 
-// ---------------------------------------------------------------------------------------
-// Attacks (branch attack1).
-// ---------------------------------------------------------------------------------------
-
 /// "A RetryLayer above ... gives up at once otherwise (GiveUp::CircuitOpen)": with
 /// `gate_readiness`, an open circuit is not ready instead of refusing, so the retry waits
 /// in `poll_ready` for its whole deadline and ends with GiveUp::Deadline.
 #[tokio::test(start_paused = true)]
-async fn attack_a_retry_above_a_gated_breaker_gives_up_at_once_when_the_probe_is_past_its_deadline(
-) {
+async fn a_retry_above_a_gated_breaker_gives_up_at_once_when_the_probe_is_past_its_deadline() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let breaker = CircuitBreakerLayer::new()
@@ -267,10 +262,10 @@ async fn attack_a_retry_above_a_gated_breaker_gives_up_at_once_when_the_probe_is
     assert_eq!(dep.calls(), 1);
 }
 
-/// Holds? Retry → Buffer → Breaker with http::Request: the refused attempts draw nothing
+/// Retry → Buffer → Breaker with http::Request: the refused attempts draw nothing
 /// from an empty budget, and the operation counts once.
 #[tokio::test(start_paused = true)]
-async fn holds_refused_attempts_behind_a_buffer_never_draw_the_budget() {
+async fn refused_attempts_behind_a_buffer_never_draw_the_budget() {
     type Req = http::Request<ReplayBody<Full<Bytes>>>;
     let dep = Dependency::default();
     dep.set(Health::Down);
@@ -279,13 +274,10 @@ async fn holds_refused_attempts_behind_a_buffer_never_draw_the_budget() {
         .consecutive_failures(1)
         .break_duration(fixed(2));
     let circuits = breaker.circuits();
-    let guarded = ServiceBuilder::new()
-        .buffer(4)
-        .layer(breaker)
-        .service(
-            dep.service::<Req>()
-                .map_response(|_| http::Response::new(Full::new(Bytes::new()))),
-        );
+    let guarded = ServiceBuilder::new().buffer(4).layer(breaker).service(
+        dep.service::<Req>()
+            .map_response(|_| http::Response::new(Full::new(Bytes::new()))),
+    );
     let budget = RetryBudget::new(0.0, 0, Duration::from_secs(10));
     let svc = ServiceBuilder::new()
         .layer(

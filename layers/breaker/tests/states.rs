@@ -423,14 +423,10 @@ fn zero_failures_in_a_row_is_refused_when_built() {
     let _ = CircuitBreakerLayer::new().consecutive_failures(0);
 }
 
-// ---------------------------------------------------------------------------------------
-// Attacks (branch attack1).
-// ---------------------------------------------------------------------------------------
-
 /// `CircuitHandle::close`: "Closes it, with an empty window". On a closed circuit with
 /// failures counted it empties nothing: the next failure trips it.
 #[tokio::test(start_paused = true)]
-async fn attack_close_by_hand_empties_the_window_of_a_closed_circuit() {
+async fn close_by_hand_empties_the_window_of_a_closed_circuit() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     let layer = CircuitBreakerLayer::new().consecutive_failures(3);
@@ -447,10 +443,10 @@ async fn attack_close_by_hand_empties_the_window_of_a_closed_circuit() {
     );
 }
 
-/// Holds? A probe whose outcome is the caller's fault (Stop) gives its place back; a stale
+/// A probe whose outcome is the caller's fault (Stop) gives its place back; a stale
 /// success of a call admitted in an earlier closed period does not close a later period.
 #[tokio::test(start_paused = true)]
-async fn holds_outcomes_of_an_earlier_period_never_decide_a_later_one() {
+async fn outcomes_of_an_earlier_period_never_decide_a_later_one() {
     let dep = Dependency::default();
     dep.set(Health::Down);
     dep.delay(Duration::from_secs(3));

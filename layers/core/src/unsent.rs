@@ -11,14 +11,14 @@
 //! | error | unsent when |
 //! |---|---|
 //! | `std::io::Error` | its kind is `ConnectionRefused` |
-//! | a boxed error (`Box<dyn Error + Send + Sync>`) | an error in its `source()` chain is a refused `io::Error` or a [`Refused`] |
+//! | a boxed error (`Box<dyn Error + Send + Sync>`, what a `tower::buffer::Buffer` returns) | the boxed error itself is a refused `io::Error`, a [`Refused`], or (with the features) a hyper-util connect error or a reqwest error that could not be built; never for what its `source()` chain holds: a wrapper there (a retry layer's error over several attempts) may hide an attempt that was sent |
 //! | [`Refused`] (an open circuit's refusal) | always |
 //! | `tower_once_breaker::BreakerError` | the circuit refused the call, or the inner error is unsent |
 //! | `tower_once_timeout::{Elapsed, TimeoutError}` | never for an expiry (the call was under way); the inner error's answer otherwise |
 //! | `tower_once_retry::RetryError` | no attempt was sent: each one was refused by a circuit, or failed unsent |
 //! | `hyper_util::client::legacy::Error` (feature `hyper-util`) | a connect error |
-//! | `reqwest::Error` (feature `reqwest`) | a connect error, or a request that could not be built |
-//! | `tonic::Status` (feature `tonic`) | an error in its `source()` chain is unsent, as for a boxed error |
+//! | `reqwest::Error` (feature `reqwest`) | a request that could not be built (not a connect error: reqwest follows redirects, and a redirect's connect error comes after the request ran) |
+//! | `tonic::Status` (feature `tonic`) | its source is unsent, as for a boxed error |
 //! | `std::convert::Infallible` | (never happens) |
 //!
 //! ```
@@ -64,24 +64,36 @@ impl Unsent for Refused {
 
 impl Unsent for Box<dyn StdError + Send + Sync> {
     fn is_unsent(&self) -> bool {
-        chain_is_unsent(&**self)
+        erased_is_unsent(&**self)
     }
 }
 
 impl Unsent for Box<dyn StdError> {
     fn is_unsent(&self) -> bool {
-        chain_is_unsent(&**self)
+        erased_is_unsent(&**self)
     }
 }
 
-/// Whether an error in `error`'s `source()` chain (itself included) says the request was never
-/// sent: a refused connection, or a [`Refused`] attempt.
-pub fn chain_is_unsent(error: &(dyn StdError + 'static)) -> bool {
-    crate::chain::any(error, |e| {
-        e.downcast_ref::<Refused>().is_some()
-            || e.downcast_ref::<std::io::Error>()
-                .is_some_and(Unsent::is_unsent)
-    })
+/// Whether a type-erased error says the request was never sent: it is a refused connection, a
+/// [`Refused`] attempt, or (with the features) a hyper-util connect error or a reqwest error
+/// that could not be built. Only the error itself is asked, never its sources: a wrapper in the
+/// chain may hide an attempt that was sent.
+pub fn erased_is_unsent(error: &(dyn StdError + 'static)) -> bool {
+    if error.downcast_ref::<Refused>().is_some() {
+        return true;
+    }
+    if let Some(io) = error.downcast_ref::<std::io::Error>() {
+        return io.is_unsent();
+    }
+    #[cfg(feature = "hyper-util")]
+    if let Some(e) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+        return e.is_unsent();
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(e) = error.downcast_ref::<reqwest::Error>() {
+        return e.is_unsent();
+    }
+    false
 }
 
 #[cfg(feature = "hyper-util")]
@@ -96,8 +108,9 @@ impl Unsent for hyper_util::client::legacy::Error {
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl Unsent for reqwest::Error {
     fn is_unsent(&self) -> bool {
-        // A request that could not be built, or a connection (TCP, TLS) that never opened.
-        self.is_builder() || self.is_connect()
+        // NOTE: not `is_connect`: reqwest follows redirects, and the connect error of a
+        // redirect's target comes after the request ran on the server that redirected it.
+        self.is_builder()
     }
 }
 
@@ -105,7 +118,7 @@ impl Unsent for reqwest::Error {
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl Unsent for tonic::Status {
     fn is_unsent(&self) -> bool {
-        StdError::source(self).is_some_and(chain_is_unsent)
+        StdError::source(self).is_some_and(erased_is_unsent)
     }
 }
 

@@ -26,6 +26,7 @@ pin_project! {
     /// Response future of [`Fallback`](crate::Fallback).
     pub struct ResponseFuture<PF, T, Req, C, H>
     where
+        PF: Future,
         T: Service<Req>,
     {
         #[pin]
@@ -36,6 +37,8 @@ pin_project! {
         deadline: Option<Deadline>,
         held: Option<Held<Req>>,
         secondary: Option<T>,
+        // The primary's failure, until the secondary is called: the answer if it never is.
+        primary: Option<PF::Output>,
         config: Arc<Padded<Config<T, C, H>>>,
     }
 }
@@ -52,6 +55,7 @@ pin_project! {
 
 impl<PF, T, Req, C, H> ResponseFuture<PF, T, Req, C, H>
 where
+    PF: Future,
     T: Service<Req>,
 {
     pub(crate) fn new(
@@ -66,6 +70,7 @@ where
             deadline,
             held: Some(held),
             secondary: None,
+            primary: None,
             config,
         }
     }
@@ -125,6 +130,7 @@ where
                     // NOTE: the primary's circuit may have reported a refusal to a retry layer
                     // above; the outcome now is the secondary's.
                     tower_once_core::attempt::withdraw_refusal();
+                    *this.primary = Some(outcome);
                     *this.secondary = Some(config.secondary.clone());
                     if let Some(deadline) = deadline {
                         this.cutoff
@@ -136,8 +142,25 @@ where
                     let Some(secondary) = this.secondary.as_mut() else {
                         tower_once_core::polled_after_completion("Fallback's ResponseFuture");
                     };
-                    let Poll::Ready(ready) = secondary.poll_ready(cx) else {
-                        return cut_off(this.cutoff.as_mut(), this.state.as_mut(), cx);
+                    let ready = secondary.poll_ready(cx);
+                    // NOTE: a refusal the secondary reports is not the attempt's above: the
+                    // primary was sent (or the rule allowed this for another reason).
+                    tower_once_core::attempt::withdraw_refusal();
+                    let expired = deadline.is_some_and(Deadline::is_expired);
+                    let ready = match ready {
+                        // NOTE: nothing goes to the secondary once the deadline has passed;
+                        // the primary's outcome is the answer.
+                        _ if expired => return Poll::Ready(finish(this.primary, this.state)),
+                        Poll::Pending => {
+                            // The deadline's timer wakes this while the secondary is not ready.
+                            if let Some(timer) = this.cutoff.as_mut().as_pin_mut() {
+                                if timer.poll(cx).is_ready() {
+                                    return Poll::Ready(finish(this.primary, this.state));
+                                }
+                            }
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(ready) => ready,
                     };
                     let (Some(held), Some(mut secondary)) =
                         (this.held.take(), this.secondary.take())
@@ -148,11 +171,15 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Err(FallbackError::secondary(e)));
                     }
+                    *this.primary = None;
                     let future = in_scope(deadline, || secondary.call(held.request));
+                    tower_once_core::attempt::withdraw_refusal();
                     this.state.set(State::Secondary { future });
                 }
                 StateProj::Secondary { future } => {
-                    if let Poll::Ready(outcome) = in_scope(deadline, || future.poll(cx)) {
+                    let poll = in_scope(deadline, || future.poll(cx));
+                    tower_once_core::attempt::withdraw_refusal();
+                    if let Poll::Ready(outcome) = poll {
                         this.state.set(State::Done);
                         return Poll::Ready(outcome.map_err(FallbackError::secondary));
                     }
@@ -163,6 +190,18 @@ where
                 }
             }
         }
+    }
+}
+
+/// Ends the operation with the primary's outcome (the secondary never got the request).
+fn finish<PF, SF, Res, PE, SE>(
+    primary: &mut Option<Result<Res, PE>>,
+    mut state: Pin<&mut State<PF, SF>>,
+) -> Result<Res, FallbackError<PE, SE>> {
+    state.set(State::Done);
+    match primary.take() {
+        Some(outcome) => outcome.map_err(FallbackError::primary),
+        None => Err(FallbackError::deadline()),
     }
 }
 

@@ -11,7 +11,7 @@
 //! | the primary's outcome | the request | goes to the secondary |
 //! |---|---|---|
 //! | success, or the caller's own fault (`Stop`: a `400`, `404`, `422`) | any | no: returned as it is |
-//! | a failure that **certainly did not run** ([`Unsent`](tower_once_core::unsent::Unsent)): its circuit was open, the connection was refused, nothing was sent | any | **yes** ([`Reason::Unsent`]) |
+//! | a failure that **certainly did not run** ([`Unsent`](tower_once_core::unsent::Unsent)): its circuit was open, the connection was refused, nothing was sent; and the request is not a later attempt of a retry above (an earlier one may have run) | any | **yes** ([`Reason::Unsent`]) |
 //! | a failure that **may have run**: a timeout after it was sent, a reset, a `5xx` from the handler, a `409` "still in progress" | an idempotent method (`GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`), or marked `SafeToRetry` | **yes** ([`Reason::Idempotent`]) |
 //! | | any, the layer told it has no side effects ([`side_effect_free`](FallbackLayer::side_effect_free): LLM completions, searches) | **yes** ([`Reason::SideEffectFree`]) |
 //! | | carrying an `Idempotency-Key`, the layer told the secondary shares the primary's idempotency records ([`shares_records`](FallbackLayer::shares_records): another region of the same service) | **yes** ([`Reason::SharedRecords`]): the two run it once between them |

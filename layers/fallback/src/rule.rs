@@ -51,6 +51,9 @@ pub(crate) struct Facts {
     pub(crate) idempotent: bool,
     /// Carries an idempotency key (or, for requests that cannot say, is assumed to).
     pub(crate) keyed: bool,
+    /// A retried operation's later attempt (or a hedge): an earlier one may have run on the
+    /// primary, so this one's being unsent says nothing of the operation.
+    pub(crate) later_attempt: bool,
 }
 
 /// Whether a request whose primary failed may go to the secondary, and why.
@@ -58,7 +61,7 @@ pub(crate) struct Facts {
 /// NOTE: never a second effect: a request that may have run goes elsewhere only when running
 /// it twice is harmless, or the secondary would recognise it.
 pub(crate) fn decide(unsent: bool, facts: Facts, safety: Safety) -> Option<Reason> {
-    if unsent {
+    if unsent && !facts.later_attempt {
         Some(Reason::Unsent)
     } else if facts.idempotent {
         Some(Reason::Idempotent)
@@ -81,11 +84,15 @@ mod tests {
         let plain = Facts::default();
         let idempotent = Facts {
             idempotent: true,
-            keyed: false,
+            ..Facts::default()
         };
         let keyed = Facts {
-            idempotent: false,
             keyed: true,
+            ..Facts::default()
+        };
+        let retried = Facts {
+            later_attempt: true,
+            ..Facts::default()
         };
         let none = Safety::default();
         let free = Safety {
@@ -110,6 +117,11 @@ mod tests {
             decide(false, keyed, none),
             None,
             "a key the secondary does not know"
+        );
+        assert_eq!(
+            decide(true, retried, none),
+            None,
+            "an earlier attempt may have run"
         );
     }
 }

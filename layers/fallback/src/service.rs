@@ -7,6 +7,7 @@ use crate::hook::OnFallback;
 use crate::rule::Facts;
 use std::fmt;
 use std::task::{Context, Poll};
+use tower_once_core::attempt::Attempt;
 use tower_once_core::carrier::Carrier;
 use tower_once_core::classify::Classify;
 use tower_once_core::shard::PerThread;
@@ -98,6 +99,7 @@ where
         let facts = Facts {
             idempotent: false,
             keyed: true,
+            later_attempt: Attempt::of(&req).is_some_and(|a| !a.is_first()),
         };
         let held = Held {
             request: req.clone(),

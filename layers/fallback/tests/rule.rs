@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::{Layer, ServiceBuilder, ServiceExt};
@@ -40,7 +41,7 @@ impl Side {
         Request<B>,
         Response = Response<String>,
         Error = std::io::Error,
-        Future = impl Send,
+        Future = impl Future<Output = Result<Response<String>, std::io::Error>> + Send,
     > + Clone
            + Send
            + 'static {
@@ -54,7 +55,7 @@ impl Side {
         Request<B>,
         Response = Response<String>,
         Error = std::io::Error,
-        Future = impl Send,
+        Future = impl Future<Output = Result<Response<String>, std::io::Error>> + Send,
     > + Clone
            + Send
            + 'static {
@@ -357,10 +358,6 @@ async fn plain_requests_go_on_only_unsent_unless_the_layer_is_told_more() {
     assert_eq!(*calls.lock().unwrap(), 2);
 }
 
-// ---------------------------------------------------------------------------------------
-// Attacks (branch attack1): ordinary stacks that must never produce a double effect.
-// ---------------------------------------------------------------------------------------
-
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use tower_once_core::backoff::{Backoff, Jitter};
 
@@ -378,7 +375,7 @@ fn counting<Req: Send + 'static>(
     Req,
     Response = &'static str,
     Error = std::io::Error,
-    Future = impl Send + 'static,
+    Future = impl Future<Output = Result<&'static str, std::io::Error>> + Send + 'static,
 > + Clone
        + Send
        + 'static {
@@ -393,7 +390,7 @@ fn counting<Req: Send + 'static>(
 /// retry layer gives up with GiveUp::CircuitOpen after 2 attempts, 1 refused; the fallback
 /// must keep the primary's outcome.
 #[tokio::test(start_paused = true)]
-async fn attack_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
+async fn a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
     let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let primary = ServiceBuilder::new()
         .layer(
@@ -426,7 +423,7 @@ async fn attack_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
 /// the primary) is sent, reset, then refused by its now open circuit; the fallback above the
 /// retry must not send it to a secondary that does not share the primary's records.
 #[tokio::test(start_paused = true)]
-async fn attack_http_post_sent_then_refused_by_its_circuit_stays_with_the_primary() {
+async fn http_post_sent_then_refused_by_its_circuit_stays_with_the_primary() {
     let (primary, secondary) = (Side::default(), Side::default());
     let primary_stack = ServiceBuilder::new()
         .layer(
@@ -459,7 +456,7 @@ async fn attack_http_post_sent_then_refused_by_its_circuit_stays_with_the_primar
 /// attempt was reset after sending (it may have run), the second found the primary refusing
 /// connections. The typed RetryError says "may have run"; the boxed one must too.
 #[tokio::test(start_paused = true)]
-async fn attack_behind_a_buffer_a_retry_whose_earlier_attempt_was_sent_is_not_unsent() {
+async fn behind_a_buffer_a_retry_whose_earlier_attempt_was_sent_is_not_unsent() {
     let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let primary = ServiceBuilder::new()
         .buffer(8)
@@ -494,7 +491,7 @@ async fn attack_behind_a_buffer_a_retry_whose_earlier_attempt_was_sent_is_not_un
 /// Behind a Buffer, the circuit's refusal of the second attempt also reads as "unsent" in
 /// the boxed chain (a Refused is found), although the first attempt was sent.
 #[tokio::test(start_paused = true)]
-async fn attack_behind_a_buffer_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
+async fn behind_a_buffer_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
     let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let primary = ServiceBuilder::new()
         .buffer(8)
@@ -536,7 +533,7 @@ async fn attack_behind_a_buffer_a_sent_attempt_then_a_circuit_refusal_is_not_uns
 /// failure and sends the same operation to the secondary, which does not share the
 /// primary's records. The operation may now have run on both.
 #[tokio::test(start_paused = true)]
-async fn attack_an_outer_retry_around_the_fallback_never_sends_a_sent_operation_on() {
+async fn an_outer_retry_around_the_fallback_never_sends_a_sent_operation_on() {
     let (primary, secondary) = (Side::default(), Side::default());
     let fallback = HttpFallbackLayer::new(secondary.answering(201)).layer(
         ServiceBuilder::new()
@@ -613,7 +610,7 @@ impl<B> tower::Service<Request<B>> for Gated {
 /// ready when the primary's unsent failure comes in; it becomes ready only after the
 /// deadline, before the fallback's future is polled again. It must not be called then.
 #[tokio::test(start_paused = true)]
-async fn attack_nothing_goes_to_a_secondary_that_becomes_ready_after_the_deadline() {
+async fn nothing_goes_to_a_secondary_that_becomes_ready_after_the_deadline() {
     let primary = Side::default();
     let secondary = Gated {
         open: Arc::default(),
@@ -637,10 +634,10 @@ async fn attack_nothing_goes_to_a_secondary_that_becomes_ready_after_the_deadlin
     );
 }
 
-/// Holds? A circuit refusal of the primary, withdrawn by the fallback: the outer retry sees
+/// A circuit refusal of the primary, withdrawn by the fallback: the outer retry sees
 /// the secondary's sent failure, not a refusal, so it draws on its (empty) budget.
 #[tokio::test(start_paused = true)]
-async fn holds_a_stale_primary_refusal_does_not_reach_the_retry_above_the_fallback() {
+async fn a_stale_primary_refusal_does_not_reach_the_retry_above_the_fallback() {
     let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let breaker = CircuitBreakerLayer::new().consecutive_failures(1);
     breaker.circuits().circuit("").isolate();
@@ -667,9 +664,9 @@ async fn holds_a_stale_primary_refusal_does_not_reach_the_retry_above_the_fallba
     assert_eq!((p.load(SeqCst), s.load(SeqCst)), (0, 1));
 }
 
-/// Holds? A body exactly at the limit is kept; one byte over goes to the primary only.
+/// A body exactly at the limit is kept; one byte over goes to the primary only.
 #[tokio::test(start_paused = true)]
-async fn holds_a_body_one_byte_over_the_limit_never_reaches_the_secondary() {
+async fn a_body_one_byte_over_the_limit_never_reaches_the_secondary() {
     for (len, expected) in [(1024usize, 1usize), (1025, 0)] {
         let (primary, secondary) = (Side::default(), Side::default());
         let req = Request::post("http://a.example/upload")
@@ -689,7 +686,7 @@ async fn holds_a_body_one_byte_over_the_limit_never_reaches_the_secondary() {
 /// host that refuses connections; the error is a connect error, so the fallback sends the
 /// POST, which ran on A, to the secondary.
 #[tokio::test]
-async fn attack_a_post_that_ran_then_was_redirected_to_a_refused_host_is_not_unsent() {
+async fn a_post_that_ran_then_was_redirected_to_a_refused_host_is_not_unsent() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // A port nobody listens on.
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -745,7 +742,7 @@ async fn attack_a_post_that_ran_then_was_redirected_to_a_refused_host_is_not_uns
 /// circuit refused: the fallback lets the secondary's refusal through to the retry above, so
 /// the attempt passes for unsent and the primary is retried past an empty budget.
 #[tokio::test(start_paused = true)]
-async fn attack_a_sent_primary_with_a_refusing_secondary_still_draws_the_retry_budget() {
+async fn a_sent_primary_with_a_refusing_secondary_still_draws_the_retry_budget() {
     let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let breaker = CircuitBreakerLayer::new();
     breaker.circuits().circuit("").isolate();

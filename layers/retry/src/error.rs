@@ -85,6 +85,8 @@ pub struct RetryError<E> {
     key: Option<String>,
     // Attempts a circuit breaker below refused before sending them.
     refusals: u32,
+    // Whether every attempt before the last was one of them.
+    earlier_refused: bool,
 }
 
 impl<E> RetryError<E> {
@@ -100,6 +102,7 @@ impl<E> RetryError<E> {
             cut: false,
             key: None,
             refusals: 0,
+            earlier_refused: false,
         }
     }
 
@@ -116,6 +119,7 @@ impl<E> RetryError<E> {
             cut: false,
             key: None,
             refusals: 0,
+            earlier_refused: false,
         }
     }
 
@@ -131,6 +135,7 @@ impl<E> RetryError<E> {
             cut: false,
             key: None,
             refusals: 0,
+            earlier_refused: false,
         }
     }
 
@@ -148,9 +153,10 @@ impl<E> RetryError<E> {
     }
 
     /// The same error, saying how many of its attempts a circuit breaker below refused
-    /// before sending them.
-    pub(crate) const fn with_refusals(mut self, refusals: u32) -> Self {
+    /// before sending them, and whether every attempt before the last was one of them.
+    pub(crate) const fn with_refusals(mut self, refusals: u32, earlier_refused: bool) -> Self {
         self.refusals = refusals;
+        self.earlier_refused = earlier_refused;
         self
     }
 
@@ -314,13 +320,13 @@ impl<E: StdError + 'static> StdError for RetryError<E> {
     }
 }
 
-/// No attempt reached the dependency: there was none, or each one was refused by a circuit
-/// breaker below or failed unsent (the last one's error says so, and every earlier one was
-/// refused). Anything else may have run.
+/// No attempt reached the dependency: there was none, or every attempt before the last was
+/// refused by a circuit breaker below and the last one's error says it was not sent. Anything
+/// else may have run (an earlier attempt that failed unsent cannot be told apart here).
 impl<E: tower_once_core::unsent::Unsent> tower_once_core::unsent::Unsent for RetryError<E> {
     fn is_unsent(&self) -> bool {
         self.attempts == 0
-            || (self.refusals.saturating_add(1) >= self.attempts
+            || ((self.attempts == 1 || self.earlier_refused)
                 && self
                     .inner
                     .as_ref()

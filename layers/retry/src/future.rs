@@ -142,7 +142,12 @@ where
                         op.give_up(GiveUp::Deadline);
                         return Poll::Ready(Err(finish_early(this.operation, this.state)));
                     }
-                    let Poll::Ready(ready) = op.service.poll_ready(cx) else {
+                    // In the deadline's scope: a service that waits to be ready (a gated circuit
+                    // breaker) knows how long it may.
+                    let deadline = op.deadline();
+                    let service = &mut op.service;
+                    let ready = deadline.scope(|| service.poll_ready(cx));
+                    let Poll::Ready(ready) = ready else {
                         return cut_off(this.timer.as_mut(), this.operation, this.state, cx);
                     };
                     if let Err(e) = ready {

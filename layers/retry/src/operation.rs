@@ -43,6 +43,8 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) refused: Option<Refused>,
     /// How many attempts were refused so: they never reached the dependency.
     refusals: u32,
+    /// Whether the last attempt was one of them.
+    last_refused: bool,
 }
 
 impl<S, Req, C, H> Operation<S, Req, C, H> {
@@ -72,6 +74,7 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             rng: None,
             refused: None,
             refusals: 0,
+            last_refused: false,
         }
     }
 
@@ -164,7 +167,10 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
         };
         error
             .with_elapsed(self.started.map_or(Duration::ZERO, |s| s.elapsed()))
-            .with_refusals(self.refusals)
+            .with_refusals(
+                self.refusals,
+                self.refusals - u32::from(self.last_refused) + 1 >= self.attempt,
+            )
     }
 
     /// Ends the operation for `reason`: counted (unless nested, where the outer layer counts)
@@ -207,7 +213,8 @@ where
     ) -> Result<Duration, GiveUp> {
         let settings = &self.config.settings;
         let refused = self.refused.take();
-        if refused.is_some() {
+        self.last_refused = refused.is_some();
+        if self.last_refused {
             self.refusals += 1;
         }
         if self.nested {

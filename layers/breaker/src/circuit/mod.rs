@@ -38,6 +38,9 @@ struct Shared {
     last_break: AtomicU64,
     /// Failures in a row (consecutive mode).
     consecutive: AtomicU32,
+    /// When a call last went through it, in whole seconds since the policy's origin: a keyed
+    /// circuit used lately (maybe with calls still under way) is never evicted.
+    last_used: AtomicU64,
     /// The sampling window (ratio mode).
     window: Option<Window>,
     transitions: Mutex<()>,
@@ -82,6 +85,7 @@ impl Circuit {
                 trips: AtomicU32::new(0),
                 last_break: AtomicU64::new(0),
                 consecutive: AtomicU32::new(0),
+                last_used: AtomicU64::new(0),
                 window,
                 transitions: Mutex::new(()),
                 policy,
@@ -91,6 +95,11 @@ impl Circuit {
 
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.shared.name
+    }
+
+    /// Whether `other` is this very circuit.
+    pub(crate) fn same_as(&self, other: &Circuit) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     fn word(&self) -> Word {
@@ -183,6 +192,20 @@ impl Circuit {
                 }
             }
             word = self.word();
+        }
+    }
+
+    /// Whether an admission made earlier (and held, by a gated service) still stands: the
+    /// circuit is in the same period.
+    pub(crate) fn still_admits(&self, admitted: Admitted) -> bool {
+        let word = self.word();
+        match admitted {
+            Admitted::Closed { generation, .. } => {
+                word.state() == CircuitState::Closed && word.generation() == generation
+            }
+            Admitted::Probe { generation } => {
+                word.state() == CircuitState::HalfOpen && word.generation() == generation
+            }
         }
     }
 
@@ -313,11 +336,9 @@ impl Circuit {
             }
             CircuitState::HalfOpen => shared.half_open_since.store(now, Release),
             CircuitState::Closed => {
-                if reason != Reason::Manual || from.state() != CircuitState::Closed {
-                    shared.consecutive.store(0, Relaxed);
-                    if let Some(window) = &shared.window {
-                        window.reset(window.epoch(now));
-                    }
+                shared.consecutive.store(0, Relaxed);
+                if let Some(window) = &shared.window {
+                    window.reset(window.epoch(now));
                 }
                 if reason == Reason::ProbesSucceeded {
                     shared.trips.store(0, Relaxed);
@@ -411,14 +432,35 @@ impl Circuit {
         }
     }
 
-    /// Closes it by hand with an empty window; `forget_trips` also restarts the break backoff.
+    /// Closes it by hand with an empty window (also when it is closed already);
+    /// `forget_trips` also restarts the break backoff.
     pub(crate) fn close(&self, forget_trips: bool) {
         loop {
             let word = self.word();
-            if word.state() == CircuitState::Closed
-                || self
-                    .transition(word, CircuitState::Closed, Reason::Manual, self.now())
-                    .is_some()
+            if word.state() == CircuitState::Closed {
+                // A new period of the same state: calls under way no longer count.
+                let _guard = self
+                    .shared
+                    .transitions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if self
+                    .shared
+                    .word
+                    .compare_exchange(word.0, word.next(CircuitState::Closed).0, AcqRel, Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+                self.shared.consecutive.store(0, Relaxed);
+                if let Some(window) = &self.shared.window {
+                    window.reset(window.epoch(self.now()));
+                }
+                break;
+            }
+            if self
+                .transition(word, CircuitState::Closed, Reason::Manual, self.now())
+                .is_some()
             {
                 break;
             }
@@ -430,10 +472,6 @@ impl Circuit {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             self.shared.trips.store(0, Relaxed);
-            self.shared.consecutive.store(0, Relaxed);
-            if let Some(window) = &self.shared.window {
-                window.reset(window.epoch(self.now()));
-            }
         }
     }
 
@@ -458,10 +496,38 @@ impl Circuit {
         }
     }
 
-    /// Whether forgetting it loses nothing: closed, with no failure counted.
-    pub(crate) fn is_idle(&self) -> bool {
+    /// Notes that a call goes through it now. Written at most once a second, so a hot keyed
+    /// circuit does not make every call write a line that every core shares.
+    #[inline]
+    pub(crate) fn touch(&self, now: Instant) {
+        let secs = self.secs(now);
+        if self.shared.last_used.load(Relaxed) != secs {
+            self.shared.last_used.store(secs, Relaxed);
+        }
+    }
+
+    fn secs(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.shared.policy.origin)
+            .as_secs()
+    }
+
+    /// Whether forgetting it loses nothing: closed, no failure counted, and no call through it
+    /// for [`IDLE`] (or its window, when longer): calls still under way would count in a
+    /// circuit nobody looks at any more.
+    pub(crate) fn is_idle(&self, now: Instant) -> bool {
         let shared = &self.shared;
         if self.state() != CircuitState::Closed || shared.consecutive.load(Relaxed) != 0 {
+            return false;
+        }
+        let quiet = match shared.policy.trip {
+            Trip::Ratio { window, .. } => window.max(IDLE),
+            Trip::Consecutive(_) => IDLE,
+        };
+        if self
+            .secs(now)
+            .saturating_sub(shared.last_used.load(Relaxed))
+            < quiet.as_secs()
+        {
             return false;
         }
         match &shared.window {
@@ -470,6 +536,9 @@ impl Circuit {
         }
     }
 }
+
+/// How long a keyed circuit must go without a call before it may be evicted.
+pub(crate) const IDLE: Duration = Duration::from_secs(60);
 
 /// A duration in nanoseconds, saturating (about 584 years).
 fn nanos(d: Duration) -> u64 {

@@ -264,17 +264,12 @@ proptest! {
                     }
                     Op::Close => {
                         circuit.close(false);
-                        if model.state() != CircuitState::Closed {
-                            model.close(false);
-                        }
+                        model.close(false);
                     }
                     Op::Reset => {
                         circuit.close(true);
-                        if model.state() != CircuitState::Closed {
-                            model.close(false);
-                        }
+                        model.close(false);
                         model.trips = 0;
-                        model.consecutive = 0;
                     }
                 }
                 prop_assert_eq!(circuit.state(), model.state(), "step {}", step);
