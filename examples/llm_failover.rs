@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Each request is `POST {provider}/v1/messages` with `{"prompt": "p<i>"}` and no
-//! `Idempotency-Key`: a completion has no side effects, so any failure may go to the secondary.
+//! `Idempotency-Key`: a completion has no side effects, so it is marked `SafeToRetry` (retried
+//! without a key) and any failure may go to the secondary.
 //! The stack, per request:
 //!
 //! ```text
@@ -43,6 +44,7 @@ use std::time::Duration;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_once::breaker::{hook::StateChange, CircuitBreakerLayer, CircuitState};
 use tower_once::fallback::http::{FromSecondary, HttpFallbackLayer};
+use tower_once::retry::http::SafeToRetry;
 use tower_once::retry::RetryLayer;
 use tower_once::timeout::http::HttpTimeoutLayer;
 
@@ -226,6 +228,9 @@ async fn main() -> ExitCode {
                 Err(e) => return json!({ "i": i, "status": null, "provider": null, "error": e.to_string() }),
             };
             req.extensions_mut().insert(attempts.clone());
+            // A completion has no side effects: it may be sent again (retried, and to the
+            // secondary) without an Idempotency-Key, which providers ignore or refuse.
+            req.extensions_mut().insert(SafeToRetry);
             let started = tokio::time::Instant::now();
             let outcome = svc.oneshot(req).await;
             let ms = started.elapsed().as_millis() as u64;

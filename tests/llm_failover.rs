@@ -1,0 +1,240 @@
+//! The `llm_failover` example (README "Client protection": retry and a circuit breaker on the
+//! primary provider, fallback to the secondary, one deadline per request) as a real process
+//! against two fake providers on loopback: an overloaded primary (`529`) opens its circuit
+//! within tens of calls and every request is answered by the secondary; a hanging primary is
+//! cut by the deadline's share and the secondary answers in time; a throttling primary
+//! (`429` with `retry-after-ms`) is retried after the delay it asked for; a healthy primary
+//! answers everything alone. Every test counts the calls each provider received and checks the
+//! example's own counts against them.
+
+mod support;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::Value;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a fake provider answers its `n`th call (0 first).
+#[derive(Clone, Copy)]
+enum Behaviour {
+    Ok,
+    Overloaded,
+    /// `429` with `retry-after-ms: 50` for the first `n` calls, then `200`.
+    ThrottledFirst(u64),
+    Hangs,
+}
+
+#[derive(Clone)]
+struct Provider {
+    calls: Arc<AtomicU64>,
+    behaviour: Behaviour,
+}
+
+async fn messages(State(p): State<Provider>, body: String) -> Response {
+    let n = p.calls.fetch_add(1, SeqCst);
+    assert!(body.contains("\"prompt\""), "{body}");
+    match p.behaviour {
+        Behaviour::Ok => (StatusCode::OK, r#"{"completion":"hi"}"#).into_response(),
+        Behaviour::Overloaded => (
+            StatusCode::from_u16(529).unwrap(),
+            r#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+        )
+            .into_response(),
+        Behaviour::ThrottledFirst(k) if n < k => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after-ms", "50")],
+            "slow down",
+        )
+            .into_response(),
+        Behaviour::ThrottledFirst(_) => (StatusCode::OK, r#"{"completion":"hi"}"#).into_response(),
+        Behaviour::Hangs => std::future::pending().await,
+    }
+}
+
+/// A fake provider on a loopback port: its base URL and its call count.
+async fn provider(behaviour: Behaviour) -> (String, Arc<AtomicU64>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route("/v1/messages", post(messages))
+        .with_state(Provider {
+            calls: calls.clone(),
+            behaviour,
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), calls)
+}
+
+struct Run {
+    ok: bool,
+    lines: Vec<Value>,
+    summary: Value,
+    stderr: String,
+    took: Duration,
+}
+
+async fn run(primary: &str, secondary: &str, extra: &[&str]) -> Run {
+    let mut args = vec!["--primary", primary, "--secondary", secondary];
+    args.extend_from_slice(extra);
+    let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let output = Command::new(support::example_binary_with("llm_failover", "hyper-util"))
+            .args(&args)
+            .output()
+            .expect("run llm_failover");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let mut lines: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        let summary = lines.pop().expect("a summary line");
+        Run {
+            ok: output.status.success(),
+            lines,
+            summary,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            took: started.elapsed(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn count(lines: &[Value], provider: &str) -> usize {
+    lines.iter().filter(|l| l["provider"] == provider).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_primary_opens_its_circuit_and_the_secondary_answers_everything() {
+    let (primary, primary_calls) = provider(Behaviour::Overloaded).await;
+    let (secondary, secondary_calls) = provider(Behaviour::Ok).await;
+    let run = run(
+        &primary,
+        &secondary,
+        &["--requests", "60", "--concurrency", "4"],
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.summary, run.stderr);
+    assert_eq!(run.lines.len(), 60);
+    assert_eq!(count(&run.lines, "secondary"), 60);
+    assert!(run.lines.iter().all(|l| l["status"] == 200));
+    assert_eq!(run.summary["ok"], 60);
+    assert_eq!(run.summary["failed"], 0);
+    // The example's counts are the providers'.
+    assert_eq!(run.summary["primary_calls"], primary_calls.load(SeqCst));
+    assert_eq!(run.summary["secondary_calls"], secondary_calls.load(SeqCst));
+    assert_eq!(secondary_calls.load(SeqCst), 60);
+    // The circuit opened within tens of requests: without it, 60 requests × 3 attempts.
+    assert!(
+        run.summary["breaker_opens"].as_u64().unwrap() >= 1,
+        "{}",
+        run.stderr
+    );
+    let sent = primary_calls.load(SeqCst);
+    assert!(sent <= 25 * 3, "{sent} calls to the overloaded primary");
+    // Once open, requests go straight to the secondary: one call each.
+    let straight = run.lines.iter().filter(|l| l["attempts"] == 1).count();
+    assert!(
+        straight >= 60 - 25,
+        "{straight} of 60 went straight to the secondary"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_primary_is_cut_and_the_secondary_answers_within_the_deadline() {
+    let (primary, primary_calls) = provider(Behaviour::Hangs).await;
+    let (secondary, secondary_calls) = provider(Behaviour::Ok).await;
+    let run = run(
+        &primary,
+        &secondary,
+        &[
+            "--requests",
+            "4",
+            "--concurrency",
+            "4",
+            "--deadline-ms",
+            "2000",
+        ],
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.summary, run.stderr);
+    assert_eq!(count(&run.lines, "secondary"), 4);
+    for line in &run.lines {
+        let ms = line["ms"].as_u64().unwrap();
+        assert!(
+            (1_000..2_000).contains(&ms),
+            "cut at 60 % of the deadline, answered before it: {line}"
+        );
+    }
+    assert_eq!(secondary_calls.load(SeqCst), 4);
+    // Each request: attempts cut at a quarter of the deadline, within 60 % of it.
+    assert!((4..=12).contains(&primary_calls.load(SeqCst)));
+    assert!(run.took < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_primary_is_retried_after_the_delay_it_asked_for() {
+    let (primary, primary_calls) = provider(Behaviour::ThrottledFirst(2)).await;
+    let (secondary, secondary_calls) = provider(Behaviour::Ok).await;
+    let run = run(&primary, &secondary, &["--requests", "1"]).await;
+    assert!(run.ok, "{}\n{}", run.summary, run.stderr);
+    let line = &run.lines[0];
+    assert_eq!(line["provider"], "primary");
+    assert_eq!(line["attempts"], 3, "{line}");
+    assert!(
+        line["ms"].as_u64().unwrap() >= 100,
+        "two waits of 50 ms: {line}"
+    );
+    assert_eq!(primary_calls.load(SeqCst), 3);
+    assert_eq!(secondary_calls.load(SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_primary_answers_alone() {
+    let (primary, primary_calls) = provider(Behaviour::Ok).await;
+    let (secondary, secondary_calls) = provider(Behaviour::Ok).await;
+    let run = run(
+        &primary,
+        &secondary,
+        &["--requests", "30", "--concurrency", "8"],
+    )
+    .await;
+    assert!(run.ok, "{}\n{}", run.summary, run.stderr);
+    assert_eq!(count(&run.lines, "primary"), 30);
+    assert_eq!(run.summary["breaker_opens"], 0);
+    assert_eq!(primary_calls.load(SeqCst), 30);
+    assert_eq!(secondary_calls.load(SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_providers_down_fails_with_exit_status_one_and_says_so() {
+    let (primary, _) = provider(Behaviour::Overloaded).await;
+    let (secondary, secondary_calls) = provider(Behaviour::Overloaded).await;
+    let run = run(
+        &primary,
+        &secondary,
+        &["--requests", "2", "--deadline-ms", "3000"],
+    )
+    .await;
+    assert!(!run.ok);
+    assert_eq!(run.summary["failed"], 2);
+    assert!(run.lines.iter().all(|l| l["provider"].is_null()));
+    assert!(
+        run.lines.iter().all(|l| l["status"] == 529),
+        "{:?}",
+        run.lines
+    );
+    assert_eq!(
+        secondary_calls.load(SeqCst),
+        2 * 3,
+        "the secondary's retries"
+    );
+}
