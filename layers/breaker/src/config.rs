@@ -25,8 +25,27 @@ pub(crate) enum Trip {
     Consecutive(u32),
 }
 
-/// What every circuit of a layer follows.
+/// What every circuit of a layer follows: the layer's settings, with what they make.
 pub(crate) struct Policy {
+    settings: Settings,
+    /// A seeded generator for the breaks' jitter (tests); `None`: fastrand's thread-local one.
+    pub(crate) rng: Option<Mutex<fastrand::Rng>>,
+    /// Every circuit's clock starts here.
+    pub(crate) origin: Instant,
+}
+
+impl std::ops::Deref for Policy {
+    type Target = Settings;
+
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+/// The settings of a layer.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    /// When a closed circuit opens.
     pub(crate) trip: Trip,
     /// How long a circuit stays open: the `n`th trip in a row waits `breaks.delay(n)`.
     pub(crate) breaks: Backoff,
@@ -39,23 +58,6 @@ pub(crate) struct Policy {
     /// Count every attempt of a retried operation, not only its first.
     pub(crate) every_attempt: bool,
     /// The most circuits with keys of their own.
-    pub(crate) max_circuits: usize,
-    /// A seeded generator for the breaks' jitter (tests); `None`: fastrand's thread-local one.
-    pub(crate) rng: Option<Mutex<fastrand::Rng>>,
-    pub(crate) on_change: Option<OnChange>,
-    /// Every circuit's clock starts here.
-    pub(crate) origin: Instant,
-}
-
-/// The settings a layer builds its policy from.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) trip: Trip,
-    pub(crate) breaks: Backoff,
-    pub(crate) probes: u32,
-    pub(crate) max_half_open: Duration,
-    pub(crate) slow_call: Option<Duration>,
-    pub(crate) every_attempt: bool,
     pub(crate) max_circuits: usize,
     pub(crate) gate: bool,
     pub(crate) seed: Option<u64>,
@@ -95,17 +97,10 @@ impl Default for Settings {
 impl Settings {
     pub(crate) fn policy(&self) -> Policy {
         Policy {
-            trip: self.trip,
-            breaks: self.breaks,
-            probes: self.probes,
-            max_half_open: self.max_half_open,
-            slow_call: self.slow_call,
-            every_attempt: self.every_attempt,
-            max_circuits: self.max_circuits,
+            settings: self.clone(),
             rng: self
                 .seed
                 .map(|seed| Mutex::new(fastrand::Rng::with_seed(seed))),
-            on_change: self.on_change.clone(),
             origin: Instant::now(),
         }
     }
@@ -134,13 +129,7 @@ impl fmt::Debug for Settings {
 impl fmt::Debug for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Policy")
-            .field("trip", &self.trip)
-            .field("breaks", &self.breaks)
-            .field("probes", &self.probes)
-            .field("max_half_open", &self.max_half_open)
-            .field("slow_call", &self.slow_call)
-            .field("every_attempt", &self.every_attempt)
-            .field("max_circuits", &self.max_circuits)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,6 @@
 use super::service::{HttpFallback, Secondary};
 use crate::config::Config;
-use crate::rule::Safety;
+use crate::FallbackLayer;
 use std::fmt;
 use std::time::Duration;
 use tower_layer::Layer;
@@ -11,7 +11,7 @@ use tower_once_core::shard::PerThread;
 /// [crate docs](crate) for the rule.
 #[derive(Clone)]
 pub struct HttpFallbackLayer<T, C = HttpClassifier, H = ()> {
-    config: Config<T, C, H>,
+    fallback: FallbackLayer<T, C, H>,
     body_limit: usize,
     stamp: bool,
 }
@@ -21,14 +21,17 @@ impl<T> HttpFallbackLayer<T> {
     /// errors, `5xx`, `429`, `408` and `409` in progress are failures); a 1 MiB body limit; no
     /// key stamping.
     pub fn new(secondary: T) -> Self {
-        Self {
-            config: Config {
-                secondary,
-                safety: Safety::default(),
-                deadline: None,
-                classifier: HttpClassifier,
-                hook: (),
-            },
+        FallbackLayer::new(secondary)
+            .classify(HttpClassifier)
+            .into_http()
+    }
+}
+
+impl<T, C, H> FallbackLayer<T, C, H> {
+    /// This layer for `http::Request`s: see [`http`](crate::http).
+    pub fn into_http(self) -> HttpFallbackLayer<T, C, H> {
+        HttpFallbackLayer {
+            fallback: self,
             body_limit: 1024 * 1024,
             stamp: false,
         }
@@ -36,23 +39,41 @@ impl<T> HttpFallbackLayer<T> {
 }
 
 impl<T, C, H> HttpFallbackLayer<T, C, H> {
-    /// See [`FallbackLayer::side_effect_free`](crate::FallbackLayer::side_effect_free).
-    pub fn side_effect_free(mut self, free: bool) -> Self {
-        self.config.safety.side_effect_free = free;
-        self
+    fn map<C2, H2>(
+        self,
+        f: impl FnOnce(FallbackLayer<T, C, H>) -> FallbackLayer<T, C2, H2>,
+    ) -> HttpFallbackLayer<T, C2, H2> {
+        HttpFallbackLayer {
+            fallback: f(self.fallback),
+            body_limit: self.body_limit,
+            stamp: self.stamp,
+        }
     }
 
-    /// See [`FallbackLayer::shares_records`](crate::FallbackLayer::shares_records): here only
-    /// a request that carries an `Idempotency-Key` (its own, or stamped) goes.
-    pub fn shares_records(mut self, shared: bool) -> Self {
-        self.config.safety.shares_records = shared;
-        self
+    /// See [`FallbackLayer::side_effect_free`].
+    pub fn side_effect_free(self, free: bool) -> Self {
+        self.map(|f| f.side_effect_free(free))
     }
 
-    /// See [`FallbackLayer::deadline`](crate::FallbackLayer::deadline).
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.config.deadline = Some(deadline);
-        self
+    /// See [`FallbackLayer::shares_records`]: here only a request that carries an
+    /// `Idempotency-Key` (its own, or stamped) goes.
+    pub fn shares_records(self, shared: bool) -> Self {
+        self.map(|f| f.shares_records(shared))
+    }
+
+    /// See [`FallbackLayer::deadline`].
+    pub fn deadline(self, deadline: Duration) -> Self {
+        self.map(|f| f.deadline(deadline))
+    }
+
+    /// See [`FallbackLayer::classify`].
+    pub fn classify<C2>(self, classifier: C2) -> HttpFallbackLayer<T, C2, H> {
+        self.map(|f| f.classify(classifier))
+    }
+
+    /// See [`FallbackLayer::on_fallback`].
+    pub fn on_fallback<H2>(self, hook: H2) -> HttpFallbackLayer<T, C, H2> {
+        self.map(|f| f.on_fallback(hook))
     }
 
     /// The largest request body read for the secondary; a larger one goes to the primary only.
@@ -68,45 +89,13 @@ impl<T, C, H> HttpFallbackLayer<T, C, H> {
         self.stamp = stamp;
         self
     }
-
-    /// See [`FallbackLayer::classify`](crate::FallbackLayer::classify).
-    pub fn classify<C2>(self, classifier: C2) -> HttpFallbackLayer<T, C2, H> {
-        let c = self.config;
-        HttpFallbackLayer {
-            config: Config {
-                secondary: c.secondary,
-                safety: c.safety,
-                deadline: c.deadline,
-                classifier,
-                hook: c.hook,
-            },
-            body_limit: self.body_limit,
-            stamp: self.stamp,
-        }
-    }
-
-    /// See [`FallbackLayer::on_fallback`](crate::FallbackLayer::on_fallback).
-    pub fn on_fallback<H2>(self, hook: H2) -> HttpFallbackLayer<T, C, H2> {
-        let c = self.config;
-        HttpFallbackLayer {
-            config: Config {
-                secondary: c.secondary,
-                safety: c.safety,
-                deadline: c.deadline,
-                classifier: c.classifier,
-                hook,
-            },
-            body_limit: self.body_limit,
-            stamp: self.stamp,
-        }
-    }
 }
 
 impl<P, T: Clone, C: Clone, H: Clone> Layer<P> for HttpFallbackLayer<T, C, H> {
     type Service = HttpFallback<P, T, C, H>;
 
     fn layer(&self, primary: P) -> Self::Service {
-        let c = &self.config;
+        let c = &self.fallback.config;
         HttpFallback {
             primary,
             config: PerThread::new(Config {
@@ -125,7 +114,7 @@ impl<P, T: Clone, C: Clone, H: Clone> Layer<P> for HttpFallbackLayer<T, C, H> {
 impl<T, C, H> fmt::Debug for HttpFallbackLayer<T, C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpFallbackLayer")
-            .field("config", &self.config)
+            .field("fallback", &self.fallback)
             .field("body_limit", &self.body_limit)
             .field("stamp", &self.stamp)
             .finish()
