@@ -156,3 +156,67 @@ async fn a_body_over_the_limit_is_sent_once() {
         "sent whole"
     );
 }
+
+/// A request body that yields its one chunk only after `after` (a slow upload).
+struct SlowBody {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    data: Option<Bytes>,
+}
+
+impl SlowBody {
+    fn new(after: Duration) -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep(after)),
+            data: Some(Bytes::from_static(b"{\"amount\":500}")),
+        }
+    }
+}
+
+impl http_body::Body for SlowBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        use std::future::Future;
+        if self.data.is_none() {
+            return std::task::Poll::Ready(None);
+        }
+        std::task::ready!(self.sleep.as_mut().poll(cx));
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+/// "No answer after the delay: sends a hedge." A request whose body takes 300 ms to read
+/// (a slow upload) to a server that answers every copy in 20 ms: the first copy answers 20 ms
+/// after it is sent, well within the 100 ms delay, so no hedge is due. The delay must count
+/// from the send of the first copy, not from the call: otherwise every slow upload is sent
+/// twice at once, doubling the load for requests that were never slow to answer.
+#[tokio::test(start_paused = true)]
+async fn a_slow_request_body_does_not_make_a_fast_answer_hedged() {
+    let copies = Arc::new(AtomicU32::new(0));
+    let count = copies.clone();
+    let server = tower::service_fn(move |req: Request<BufferedBody<SlowBody>>| {
+        count.fetch_add(1, SeqCst);
+        async move {
+            use http_body_util::BodyExt;
+            let _ = req.into_body().collect().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, std::io::Error>(Response::new(String::new()))
+        }
+    });
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100)).layer(server);
+    let req = Request::put("http://a.example/profile")
+        .body(SlowBody::new(Duration::from_millis(300)))
+        .unwrap();
+    let started = Instant::now();
+    svc.oneshot(req).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(320));
+    assert_eq!(
+        copies.load(SeqCst),
+        1,
+        "a copy answering 20 ms after its send was hedged at once"
+    );
+}
