@@ -240,7 +240,10 @@ async fn both_providers_down_fails_with_exit_status_one_and_says_so() {
 }
 
 /// The example as a process, killed after `limit`: `None` if it had not exited by then.
-async fn run_bounded(args: Vec<std::ffi::OsString>, limit: Duration) -> Option<std::process::Output> {
+async fn run_bounded(
+    args: Vec<std::ffi::OsString>,
+    limit: Duration,
+) -> Option<std::process::Output> {
     tokio::task::spawn_blocking(move || {
         let mut child = Command::new(support::example_binary_with("llm_failover", "hyper-util"))
             .args(&args)
@@ -383,9 +386,93 @@ async fn a_secondary_url_with_a_path_is_posted_under_it() {
 async fn an_argument_that_is_not_utf8_exits_2_without_a_panic() {
     use std::os::unix::ffi::OsStringExt;
     let mut args = os(&["--primary", "http://127.0.0.1:1", "--secondary"]);
-    args.push(std::ffi::OsString::from_vec(b"http://127.0.0.1:2/\xff".to_vec()));
+    args.push(std::ffi::OsString::from_vec(
+        b"http://127.0.0.1:2/\xff".to_vec(),
+    ));
     let out = run_bounded(args, Duration::from_secs(15)).await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(2), "{stderr}");
+}
+
+/// "2 on bad arguments": each ordinary mistake gets a message on stderr and exit status 2,
+/// never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_exit_2_with_a_message() {
+    let p = [
+        "--primary",
+        "http://127.0.0.1:1",
+        "--secondary",
+        "http://127.0.0.1:2",
+    ];
+    let cases: Vec<Vec<&str>> = vec![
+        vec![],
+        vec!["--primary", "http://127.0.0.1:1"],
+        vec!["--primary", "ftp://x", "--secondary", "http://127.0.0.1:2"],
+        vec![
+            "--primary",
+            "127.0.0.1:1",
+            "--secondary",
+            "http://127.0.0.1:2",
+        ],
+        vec!["--primary", "http://", "--secondary", "http://127.0.0.1:2"],
+        [&p[..], &["--requests", "-1"]].concat(),
+        [&p[..], &["--requests", "99999999999"]].concat(),
+        [&p[..], &["--requests"]].concat(),
+        [&p[..], &["--concurrency", "0"]].concat(),
+        [&p[..], &["--concurrency", "100000"]].concat(),
+        [&p[..], &["--deadline-ms", "1e3"]].concat(),
+        [&p[..], &["--bogus"]].concat(),
+    ];
+    for case in cases {
+        let out = run_bounded(os(&case), Duration::from_secs(15))
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case:?}: {stderr}");
+        assert!(
+            !stderr.trim().is_empty() && !stderr.contains("panicked"),
+            "{case:?}: {stderr}"
+        );
+    }
+}
+
+/// `--requests 0`: nothing to do, a summary of zeros, exit 0; a trailing slash on the URLs
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_requests_and_trailing_slashes() {
+    let (primary, primary_calls) = provider(Behaviour::Ok).await;
+    let (secondary, _) = provider(Behaviour::Ok).await;
+    let run0 = run(&primary, &secondary, &["--requests", "0"]).await;
+    assert!(run0.ok, "{}", run0.stderr);
+    assert_eq!(run0.summary["ok"], 0);
+    assert_eq!(run0.summary["primary_calls"], 0);
+    let run1 = run(
+        &format!("{primary}/"),
+        &format!("{secondary}/"),
+        &["--requests", "2"],
+    )
+    .await;
+    assert!(run1.ok, "{}\n{}", run1.summary, run1.stderr);
+    assert_eq!(primary_calls.load(SeqCst), 2);
+}
+
+/// A secondary that hangs while the primary is overloaded: every request fails within its
+/// deadline and the run exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_secondary_is_cut_at_the_deadline() {
+    let (primary, _) = provider(Behaviour::Overloaded).await;
+    let (secondary, _) = provider(Behaviour::Hangs).await;
+    let run = run(
+        &primary,
+        &secondary,
+        &["--requests", "3", "--deadline-ms", "1000"],
+    )
+    .await;
+    assert!(!run.ok);
+    assert_eq!(run.summary["failed"], 3);
+    assert!(run.took < Duration::from_secs(8), "{:?}", run.took);
+    for line in &run.lines {
+        assert!(line["ms"].as_u64().unwrap() < 1_500, "{line}");
+    }
 }

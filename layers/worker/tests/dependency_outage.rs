@@ -184,7 +184,11 @@ async fn a_circuit_that_opens_while_the_worker_waits_for_entries_costs_no_delive
         !dead_lettered(&mut conn, "job-1").await,
         "job-1 dead-lettered, never run: its one delivery went to a call the open circuit refused"
     );
-    assert_eq!(log.deliveries("job-1"), [1], "a delivery spent during the outage");
+    assert_eq!(
+        log.deliveries("job-1"),
+        [1],
+        "a delivery spent during the outage"
+    );
 }
 
 /// A handler on which job "poison" finds the dependency down after 300 ms (a circuit with one
@@ -311,4 +315,70 @@ async fn a_handler_whose_readiness_fails_has_no_entry_fetched() {
         "dead-lettered during a 3 s readiness outage, never run ({report:?})"
     );
     assert_eq!(log.total(), JOBS);
+}
+/// Shutdown while the worker waits for its handler's readiness (an isolated circuit): the run
+/// must end promptly, not when the circuit admits a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_while_waiting_for_readiness_is_prompt() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let breaker = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .gate_readiness(true);
+    breaker.circuits().circuit("").isolate();
+    let svc = breaker.layer(handler(&log, |_| Ok(Duration::ZERO)));
+    xadd(&mut conn, "jobs", "job-0", "{}").await;
+    let worker = start!(Worker::connect(&server.url(), config("jobs", "w1"), svc).unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = tokio::time::Instant::now();
+    let report = worker.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(log.total(), 0);
+    assert_eq!(report, tower_once_worker::RunReport::default());
+    assert_eq!(pending(&mut conn, "jobs").await, 0, "nothing fetched");
+}
+
+/// A concurrency limit shared with other callers, all its permits held elsewhere for 3 s
+/// (three job deadlines): the worker fetches nothing until one is free, so no delivery is
+/// spent; then every job runs on its first delivery, one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_held_elsewhere_costs_no_delivery() {
+    use tower::ServiceExt;
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let svc = tower::limit::ConcurrencyLimitLayer::new(1)
+        .layer(handler(&log, |_| Ok(Duration::from_millis(100))));
+    let mut holder = svc.clone();
+    holder.ready().await.unwrap();
+    for i in 0..JOBS {
+        xadd(&mut conn, "jobs", &format!("job-{i}"), "{}").await;
+    }
+    let cfg = config("jobs", "w1")
+        .max_deliveries(1)
+        .job_deadline(Duration::from_secs(1));
+    let worker = start!(Worker::connect(&server.url(), cfg, svc).unwrap());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        pending(&mut conn, "jobs").await,
+        0,
+        "fetched while not ready"
+    );
+    drop(holder);
+    eventually("every job acknowledged", || {
+        let mut c = conn.clone();
+        let ran = log.total() >= JOBS;
+        async move { ran && pending(&mut c, "jobs").await == 0 }
+    })
+    .await;
+    let report = worker.stop().await;
+    assert_eq!(report.acked, JOBS as u64);
+    for i in 0..JOBS {
+        assert_eq!(log.deliveries(&format!("job-{i}")), [1], "job-{i}");
+    }
 }
