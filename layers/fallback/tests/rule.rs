@@ -770,3 +770,97 @@ async fn a_sent_primary_with_a_refusing_secondary_still_draws_the_retry_budget()
         "{err}"
     );
 }
+
+/// A primary whose `n`th call (0 the first) answers after `ms(n)` with `outcome(n)`: a status,
+/// or an `io::Error` of that kind. Counts the calls and the keys they carried.
+fn scripted<B: Send + 'static>(
+    side: &Side,
+    script: fn(u32) -> (u64, Result<u16, std::io::ErrorKind>),
+) -> impl tower::Service<
+    Request<B>,
+    Response = Response<String>,
+    Error = std::io::Error,
+    Future = impl Future<Output = Result<Response<String>, std::io::Error>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    let keys = side.keys.clone();
+    tower::service_fn(move |req: Request<B>| {
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let n = {
+            let mut keys = keys.lock().unwrap();
+            keys.push(key);
+            keys.len() as u32 - 1
+        };
+        let (ms, outcome) = script(n);
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            let status = outcome.map_err(std::io::Error::from)?;
+            let mut res = Response::new(String::new());
+            *res.status_mut() = StatusCode::from_u16(status).unwrap();
+            Ok(res)
+        }
+    })
+}
+
+/// "Never a second effect": a hedging layer inside the primary (it stamps a key on the POST,
+/// the same on both copies, so the primary runs it once) sends the first copy, which reaches
+/// the primary and is reset mid-way (it may have run: the charge may be made); its hedge then
+/// finds the replica refusing connections. The primary's operation *was sent*: the POST
+/// (unkeyed at the fallback, whose secondary knows no records of the primary) must stay with
+/// the primary. The hedging layer returns the last failure it saw, the refused connection,
+/// and the fallback takes the operation for "never sent".
+#[tokio::test(start_paused = true)]
+async fn a_hedged_post_whose_first_copy_was_sent_never_goes_to_the_secondary() {
+    use tower_once_hedge::http::HttpHedgeLayer;
+    let (primary, secondary) = (Side::default(), Side::default());
+    // Copy 0: sent, reset after 300 ms. Copy 1 (the hedge, at 100 ms): refused at 400 ms.
+    let primary_stack = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .no_budget()
+        .layer(scripted(&primary, |n| match n {
+            0 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let result = HttpFallbackLayer::new(secondary.answering(201))
+        .layer(primary_stack)
+        .oneshot(post())
+        .await;
+    assert_eq!(primary.calls(), 2, "the first copy and its hedge");
+    assert_eq!(
+        secondary.calls(),
+        0,
+        "the POST was sent to A (reset: it may have run) and charged again on B: {:?}",
+        result.map(|r| r.status())
+    );
+}
+
+/// The same with a `503` from the first copy (the handler ran and failed, or a proxy gave up
+/// on it): a response, not an error. The hedge's refused connection must not make a POST
+/// that reached the primary look unsent.
+#[tokio::test(start_paused = true)]
+async fn a_hedged_post_answered_503_then_refused_stays_with_the_primary() {
+    use tower_once_hedge::http::HttpHedgeLayer;
+    let (primary, secondary) = (Side::default(), Side::default());
+    let primary_stack = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .no_budget()
+        .layer(scripted(&primary, |n| match n {
+            0 => (300, Ok(503)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let result = HttpFallbackLayer::new(secondary.answering(201))
+        .layer(primary_stack)
+        .oneshot(post())
+        .await;
+    assert_eq!(primary.calls(), 2);
+    assert_eq!(
+        secondary.calls(),
+        0,
+        "answered 503 by A, then charged on B: {:?}",
+        result.map(|r| r.status())
+    );
+}

@@ -257,3 +257,66 @@ async fn the_percentile_delay_follows_observed_latencies() {
         started.elapsed()
     );
 }
+
+/// "Hedges carry `Attempt::hedge` marks so a breaker below doesn't count them": every first
+/// copy is slow and succeeds, every hedge fails fast. A breaker that opens after two
+/// consecutive failures stays closed over twenty operations.
+#[tokio::test(start_paused = true)]
+async fn a_breaker_below_does_not_count_failing_hedges() {
+    let replicas = Replicas::new(|n| {
+        if n % 2 == 0 {
+            (500, Ok("slow"))
+        } else {
+            (10, Err("reset"))
+        }
+    });
+    let breaker = tower_once_breaker::CircuitBreakerLayer::new().consecutive_failures(2);
+    let circuit = breaker.circuits().circuit("");
+    let svc = ServiceBuilder::new()
+        .layer(HedgeLayer::new(Duration::from_millis(100)).no_budget())
+        .layer(breaker)
+        .service(replicas.service());
+    for _ in 0..20 {
+        assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "slow");
+    }
+    assert_eq!(replicas.calls(), 40);
+    assert_eq!(circuit.state(), tower_once_breaker::CircuitState::Closed);
+}
+
+/// "A retry below makes one attempt each": RetryLayer → HedgeLayer → RetryLayer →
+/// replicas; the slow first copy succeeds, the hedge fails fast: the inner retry layer makes
+/// one attempt of the hedge (two calls in all), the outer one none.
+#[tokio::test(start_paused = true)]
+async fn a_retry_below_makes_one_attempt_of_a_hedge() {
+    let replicas = Replicas::new(|n| {
+        if n == 0 {
+            (500, Ok("first"))
+        } else {
+            (10, Err("503"))
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().max_attempts(3).no_budget())
+        .layer(HedgeLayer::new(Duration::from_millis(100)).no_budget())
+        .layer(RetryLayer::new().max_attempts(3).no_budget())
+        .service(replicas.service());
+    assert_eq!(svc.oneshot(req()).await.unwrap(), "first");
+    assert_eq!(replicas.calls(), 2);
+    let marks = replicas.marks.lock().unwrap().clone();
+    assert_eq!(marks[1].map(Attempt::is_hedge), Some(true));
+}
+
+/// A caller that goes away mid-way (its future dropped after the hedge was sent) cancels
+/// every copy, and no hedge is sent after.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_operation_cancels_every_copy() {
+    let replicas = Replicas::new(|_| (10_000, Ok("late")));
+    let svc = HedgeLayer::new(Duration::from_millis(100))
+        .max_hedges(5)
+        .no_budget()
+        .layer(replicas.service());
+    let _ = tokio::time::timeout(Duration::from_millis(250), svc.oneshot(req())).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(replicas.calls(), 3);
+    assert_eq!(replicas.cancelled(), 3);
+}

@@ -156,3 +156,132 @@ async fn a_body_over_the_limit_is_sent_once() {
         "sent whole"
     );
 }
+
+/// A request body that yields its one chunk only after `after` (a slow upload).
+struct SlowBody {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    data: Option<Bytes>,
+}
+
+impl SlowBody {
+    fn new(after: Duration) -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep(after)),
+            data: Some(Bytes::from_static(b"{\"amount\":500}")),
+        }
+    }
+}
+
+impl http_body::Body for SlowBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        use std::future::Future;
+        if self.data.is_none() {
+            return std::task::Poll::Ready(None);
+        }
+        std::task::ready!(self.sleep.as_mut().poll(cx));
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+/// "No answer after the delay: sends a hedge." A request whose body takes 300 ms to read
+/// (a slow upload) to a server that answers every copy in 20 ms: the first copy answers 20 ms
+/// after it is sent, well within the 100 ms delay, so no hedge is due. The delay must count
+/// from the send of the first copy, not from the call: otherwise every slow upload is sent
+/// twice at once, doubling the load for requests that were never slow to answer.
+#[tokio::test(start_paused = true)]
+async fn a_slow_request_body_does_not_make_a_fast_answer_hedged() {
+    let copies = Arc::new(AtomicU32::new(0));
+    let count = copies.clone();
+    let server = tower::service_fn(move |req: Request<BufferedBody<SlowBody>>| {
+        count.fetch_add(1, SeqCst);
+        async move {
+            use http_body_util::BodyExt;
+            let _ = req.into_body().collect().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, std::io::Error>(Response::new(String::new()))
+        }
+    });
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100)).layer(server);
+    let req = Request::put("http://a.example/profile")
+        .body(SlowBody::new(Duration::from_millis(300)))
+        .unwrap();
+    let started = Instant::now();
+    svc.oneshot(req).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(320));
+    assert_eq!(
+        copies.load(SeqCst),
+        1,
+        "a copy answering 20 ms after its send was hedged at once"
+    );
+}
+
+type IdemReq = Request<tower_once_idempotency::RequestBody<BufferedBody<Full<Bytes>>>>;
+
+/// A charge handler behind a real `IdempotencyLayer`: the first charge takes 500 ms, the
+/// others 20 ms; every charge is counted.
+fn charging_server(
+    charges: Arc<AtomicU32>,
+) -> impl tower::Service<
+    Request<BufferedBody<Full<Bytes>>>,
+    Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    let calls = Arc::new(AtomicU32::new(0));
+    tower_once_idempotency::IdempotencyLayer::new().layer(tower::service_fn(move |req: IdemReq| {
+        let n = calls.fetch_add(1, SeqCst);
+        let charges = charges.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let _ = req.into_body().collect().await;
+            tokio::time::sleep(Duration::from_millis(if n == 0 { 500 } else { 20 })).await;
+            charges.fetch_add(1, SeqCst);
+            let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
+            *res.status_mut() = StatusCode::CREATED;
+            Ok::<_, std::convert::Infallible>(res)
+        }
+    }))
+}
+
+/// Hedged POSTs against a real `IdempotencyLayer` charge once per operation: the stamped key
+/// is on both copies, the hedge is told `409` in progress and the slow first copy's `201`
+/// is the answer, though three hedges were sent.
+#[tokio::test(start_paused = true)]
+async fn hedged_posts_against_an_idempotency_server_charge_once_each() {
+    let charges = Arc::new(AtomicU32::new(0));
+    let server = charging_server(charges.clone());
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .max_hedges(3)
+        .no_budget()
+        .layer(server);
+    let res = svc.oneshot(request("POST")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(charges.load(SeqCst), 1, "one operation, one charge");
+}
+
+/// A request whose `Idempotency-Key` the server finds invalid (empty) is hedged (it has a
+/// key), but the idempotency server refuses every copy with `400`: no charge at all, and the
+/// `400` is the answer.
+#[tokio::test(start_paused = true)]
+async fn a_post_with_an_invalid_key_is_refused_not_charged_twice() {
+    let charges = Arc::new(AtomicU32::new(0));
+    let server = charging_server(charges.clone());
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .layer(server);
+    let mut req = request("POST");
+    req.headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static(""));
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(charges.load(SeqCst), 0);
+}
