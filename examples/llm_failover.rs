@@ -32,7 +32,7 @@
 
 use bytes::Bytes;
 use http::{Request, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
@@ -60,7 +60,14 @@ const USAGE: &str = "usage: llm_failover --primary URL --secondary URL [--reques
 [--concurrency N] [--deadline-ms N]";
 
 fn parse_args() -> Result<Args, String> {
-    let mut argv = std::env::args().skip(1);
+    let mut argv = Vec::new();
+    for arg in std::env::args_os().skip(1) {
+        argv.push(
+            arg.into_string()
+                .map_err(|a| format!("not UTF-8: {a:?}\n{USAGE}"))?,
+        );
+    }
+    let mut argv = argv.into_iter();
     let (mut primary, mut secondary) = (None, None);
     let mut args = Args {
         primary: Uri::from_static("http://127.0.0.1"),
@@ -115,8 +122,9 @@ fn parse_args() -> Result<Args, String> {
 #[derive(Clone, Default)]
 struct Attempts(Arc<AtomicU32>);
 
-/// The transport of one provider: rewrites the request to the provider's base URL, counts
-/// the call (for the provider and for the request), and sends it.
+/// The transport of one provider: rewrites the request to the provider's base URL (its scheme,
+/// authority and path prefix, then the request's own path: `http://host/api` gets
+/// `/api/v1/messages`), counts the call (for the provider and for the request), and sends it.
 fn provider<S, B>(
     client: S,
     base: Uri,
@@ -130,10 +138,17 @@ fn provider<S, B>(
 where
     S: Service<Request<B>> + Clone,
 {
+    let prefix = base.path().trim_end_matches('/').to_owned();
     tower::service_fn(move |mut req: Request<B>| {
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
         let mut parts = req.uri().clone().into_parts();
         parts.scheme = base.scheme().cloned();
         parts.authority = base.authority().cloned();
+        parts.path_and_query = format!("{prefix}{path}").parse().ok();
         if let Ok(uri) = Uri::from_parts(parts) {
             *req.uri_mut() = uri;
         }
@@ -163,7 +178,7 @@ async fn main() -> ExitCode {
 
     let secondary = ServiceBuilder::new()
         .layer(RetryLayer::new().max_attempts(3).into_http())
-        .layer(HttpTimeoutLayer::new(attempt_timeout))
+        .layer(HttpTimeoutLayer::new(attempt_timeout).cover_body(true))
         .service(provider(
             client.clone(),
             args.secondary.clone(),
@@ -215,11 +230,15 @@ async fn main() -> ExitCode {
         };
         let svc = svc.clone();
         let primary = args.primary.clone();
+        let deadline = args.deadline;
         tasks.spawn(async move {
             let _permit = permit;
             let attempts = Attempts::default();
             let body = json!({ "prompt": format!("p{i}") }).to_string();
-            let uri = format!("{primary}v1/messages").replace("//v1", "/v1");
+            // The primary's authority names its circuit; each provider's transport puts its
+            // own base URL in front of the path.
+            let authority = primary.authority().map_or("localhost", |a| a.as_str());
+            let uri = format!("http://{authority}/v1/messages");
             let mut req = match Request::post(uri)
                 .header("content-type", "application/json")
                 .body(Full::new(Bytes::from(body)))
@@ -245,9 +264,19 @@ async fn main() -> ExitCode {
                     } else {
                         Some("primary")
                     };
-                    // Read the completion, as a client does.
-                    let _ = response.into_body().collect().await;
-                    json!({ "i": i, "status": status.as_u16(), "provider": provider, "attempts": attempts, "ms": ms })
+                    // Read the completion, as a client does: within the deadline (the attempt's
+                    // timeout covers the body too) and up to 16 MiB.
+                    let read = tokio::time::timeout_at(
+                        started + deadline,
+                        Limited::new(response.into_body(), 16 << 20).collect(),
+                    )
+                    .await;
+                    let ms = started.elapsed().as_millis() as u64;
+                    match read {
+                        Ok(Ok(_)) => json!({ "i": i, "status": status.as_u16(), "provider": provider, "attempts": attempts, "ms": ms }),
+                        Ok(Err(e)) => json!({ "i": i, "status": status.as_u16(), "provider": null, "attempts": attempts, "ms": ms, "error": format!("reading the completion: {e}") }),
+                        Err(_) => json!({ "i": i, "status": status.as_u16(), "provider": null, "attempts": attempts, "ms": ms, "error": "the completion did not arrive by the deadline" }),
+                    }
                 }
                 Err(error) => {
                     json!({ "i": i, "status": null, "provider": null, "attempts": attempts, "ms": ms, "error": error.to_string() })

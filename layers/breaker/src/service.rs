@@ -48,8 +48,8 @@ impl<K, C> fmt::Debug for Config<K, C> {
 
 /// How often a gated service looks again at a half-open circuit whose probes are all taken.
 const HALF_OPEN_RECHECK: Duration = Duration::from_millis(50);
-/// How often it looks again at an isolated circuit (only a person closes it).
-const ISOLATED_RECHECK: Duration = Duration::from_secs(1);
+/// How often it looks again at an open or isolated circuit (a person may close it).
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// Middleware built by [`CircuitBreakerLayer`](crate::CircuitBreakerLayer).
 pub struct CircuitBreaker<S, K = (), C = tower_once_core::classify::RetryOnError> {
@@ -217,22 +217,29 @@ impl Gate {
                     return Poll::Ready(());
                 }
                 Err(refusal) => {
-                    let wait = match (refusal.state, local.0.next_change()) {
-                        (crate::CircuitState::HalfOpen, Some(left)) => left.min(HALF_OPEN_RECHECK),
-                        (crate::CircuitState::Isolated, _) | (_, None) => ISOLATED_RECHECK,
-                        (_, Some(left)) => left,
-                    };
                     let now = Instant::now();
-                    let until = tower_once_core::time::saturating_add(now, wait);
-                    let admits_in_time = match (refusal.state, Deadline::current()) {
-                        (crate::CircuitState::Open, Some(deadline)) => until < deadline.instant(),
-                        (_, Some(deadline)) => !deadline.is_expired(),
-                        (_, None) => true,
+                    let left = local.0.next_change();
+                    // NOTE: waits no longer than the deadline in scope: a break that ends after
+                    // it makes the service ready at once, and the call is refused.
+                    let admits_in_time = match (refusal.state, left, Deadline::current()) {
+                        (crate::CircuitState::Open, Some(left), Some(deadline)) => {
+                            tower_once_core::time::saturating_add(now, left) < deadline.instant()
+                        }
+                        (_, _, Some(deadline)) => !deadline.is_expired(),
+                        (_, _, None) => true,
                     };
                     if !admits_in_time {
                         self.sleep = None;
                         return Poll::Ready(());
                     }
+                    // Looked at again at least every second: a circuit closed by hand, or a
+                    // probe that decided, lets the caller through without waiting the break.
+                    let wait = match (refusal.state, left) {
+                        (crate::CircuitState::HalfOpen, Some(left)) => left.min(HALF_OPEN_RECHECK),
+                        (_, Some(left)) => left.min(RECHECK),
+                        (_, None) => RECHECK,
+                    };
+                    let until = tower_once_core::time::saturating_add(now, wait);
                     let sleep = self
                         .sleep
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));

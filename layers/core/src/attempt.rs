@@ -174,6 +174,41 @@ pub fn refuse(refused: Refused) {
     });
 }
 
+thread_local! {
+    // NOTE: set by a layer that sends another copy of a request (a hedge) while a watcher
+    // (a fallback) polls it; read by the watcher right after the poll.
+    static COPIED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Reports that a layer sent another copy of the request whose future is being polled (a
+/// hedge): an error it returns later no longer speaks for every copy. See [`watch_copies`].
+pub fn note_copy() {
+    COPIED.with(|c| c.set(true));
+}
+
+/// Runs `f` (a poll of a request's future) and says whether a layer below sent another copy
+/// of the request meanwhile ([`note_copy`]): a fallback then no longer takes an unsent error
+/// for the whole operation's, for an earlier copy may have run. Reaches what is polled on the
+/// same thread, as the attempt's scope does.
+pub fn watch_copies<R>(f: impl FnOnce() -> R) -> (R, bool) {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COPIED.with(|c| c.set(self.0));
+        }
+    }
+    let outer = COPIED.with(|c| c.replace(false));
+    let restore = Restore(outer);
+    let out = f();
+    let copied = COPIED.with(Cell::get);
+    // An enclosing watcher learns of it too.
+    drop(restore);
+    if copied {
+        note_copy();
+    }
+    (out, copied)
+}
+
 /// Takes back a refusal reported in the attempt in scope: for a layer that went on after it
 /// (a fallback that sent the request elsewhere), so that the attempt's outcome is not taken
 /// for the refusal.

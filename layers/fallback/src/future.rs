@@ -92,7 +92,17 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Primary { future } => {
-                    let outcome = ready!(in_scope(deadline, || future.poll(cx)));
+                    let (poll, copied) = tower_once_core::attempt::watch_copies(|| {
+                        in_scope(deadline, || future.poll(cx))
+                    });
+                    if copied {
+                        // NOTE: a hedge below sent another copy: the primary's error no longer
+                        // speaks for the first one, which may have run.
+                        if let Some(held) = this.held.as_mut() {
+                            held.facts.later_attempt = true;
+                        }
+                    }
+                    let outcome = ready!(poll);
                     let config = &this.config.0;
                     let sent = match config.classifier.classify(&outcome) {
                         Action::Retry { .. } => {

@@ -5,7 +5,7 @@ use crate::config::WorkerConfig;
 use crate::dead_letter::{self, DeadReason, Letter};
 use crate::job::{Job, JobId};
 use crate::metrics::{self, JobOutcome};
-use crate::streams::{self, Entry, DELAY_SCRIPT, REFRESH_SCRIPT};
+use crate::streams::{self, Entry, DELAY_SCRIPT, GIVE_BACK_SCRIPT, REFRESH_SCRIPT};
 use bytes::Bytes;
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
@@ -205,6 +205,34 @@ where
         }
         Ok(Err(e)) => tracing::debug!(error = %e, "could not set the redelivery delay"),
         Err(_) => tracing::debug!("setting the redelivery delay timed out"),
+    }
+}
+
+/// Gives a fetched entry back unrun (its handler was found not ready after the fetch): its
+/// delivery count restored and claimable again at once, by whichever consumer is ready. Best
+/// effort: if Redis does not answer, the entry waits `claim_idle` with the delivery counted.
+pub(crate) async fn give_back<C, Conn>(ctx: &Ctx<C, Conn>, id: &str)
+where
+    Conn: ConnectionLike + Clone + Send,
+{
+    let idle_ms = u64::try_from(ctx.config.claim_idle.as_millis()).unwrap_or(u64::MAX);
+    let script = Script::new(GIVE_BACK_SCRIPT);
+    let mut invocation = script.key(&ctx.config.stream);
+    invocation
+        .arg(&ctx.config.group)
+        .arg(&ctx.config.consumer)
+        .arg(id)
+        .arg(idle_ms);
+    let mut conn = ctx.conn.clone();
+    match tokio::time::timeout(
+        ctx.config.command_timeout,
+        invocation.invoke_async::<i64>(&mut conn),
+    )
+    .await
+    {
+        Ok(Ok(_)) => tracing::debug!(stream_id = id, "handler not ready: entry given back unrun"),
+        Ok(Err(e)) => tracing::debug!(error = %e, "could not give the entry back"),
+        Err(_) => tracing::debug!("giving the entry back timed out"),
     }
 }
 

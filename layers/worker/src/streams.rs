@@ -34,6 +34,19 @@ end
 return 0
 ";
 
+/// Gives a fetched entry back unrun: its delivery count one less and claimable at once (idle
+/// ARGV[4] ms, `claim_idle`), only while it is still this consumer's (ARGV[2]).
+pub(crate) const GIVE_BACK_SCRIPT: &str = r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if p[1] and p[1][2] == ARGV[2] then
+  local count = tonumber(p[1][4]) - 1
+  if count < 0 then count = 0 end
+  redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[4], 'RETRYCOUNT', count, 'JUSTID')
+  return 1
+end
+return 0
+";
+
 /// An entry's field/value pairs, in order.
 pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 

@@ -176,6 +176,7 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         let mut tasks = JoinSet::new();
         let mut report = RunReport::default();
         let mut fetch = Fetch::new(self.reader);
+        let mut not_ready = tower_once_core::outage::Outage::default();
         tokio::pin!(shutdown);
         loop {
             while let Some(done) = tasks.try_join_next() {
@@ -204,6 +205,23 @@ impl<S, C, Conn> Worker<S, C, Conn> {
                 () = &mut shutdown => break,
                 ready = ready_services(self.service.clone(), free.min(ctx.config.batch_size)) => ready,
             };
+            let Some(ready) = ready else {
+                // The handler failed its readiness: fetch nothing, try again after a pause.
+                let pause = not_ready.failed();
+                if not_ready.should_warn() {
+                    tracing::warn!(
+                        failures = not_ready.failures(),
+                        "handler not ready (its poll_ready failed); not fetching"
+                    );
+                }
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                continue;
+            };
+            not_ready.recovered();
             // NOTE: a read is never cancelled. A dropped XREADGROUP may still be queued in the
             // connection and reach Redis later, handing entries to a consumer that has stopped
             // (they would wait a claim_idle for a takeover). It returns within `block`; its
@@ -213,7 +231,14 @@ impl<S, C, Conn> Worker<S, C, Conn> {
                 Ok(batch) => {
                     // Services readied beyond the batch are dropped: what they hold (a
                     // half-open circuit's probe) goes back.
-                    for ((entry, deliveries), service) in batch.into_iter().zip(ready) {
+                    for ((entry, deliveries), mut service) in batch.into_iter().zip(ready) {
+                        // NOTE: readiness may have lapsed while the read blocked (a circuit
+                        // that opened meanwhile): such an entry is given back unrun, its
+                        // delivery count restored, rather than refused by its handler.
+                        if !still_ready(&mut service) {
+                            consume::give_back(&ctx, &entry.id).await;
+                            continue;
+                        }
                         tasks.spawn(consume::process(ctx.clone(), service, entry, deliveries));
                     }
                 }
@@ -239,14 +264,13 @@ impl<S, C, Conn> Worker<S, C, Conn> {
 }
 
 /// Up to `want` clones of `service`, each ready for one call: waits for the first, then takes
-/// as many more as are ready at once. A clone whose readiness fails is kept: its delivery
-/// meets the error and classifies it as the handler's outcome.
-async fn ready_services<S, Req>(service: S, want: usize) -> Vec<S>
+/// as many more as are ready at once. `None` when the first one's readiness failed.
+async fn ready_services<S, Req>(service: S, want: usize) -> Option<Vec<S>>
 where
     S: Service<Req> + Clone,
 {
     let mut first = service.clone();
-    let _ = std::future::poll_fn(|cx| first.poll_ready(cx)).await;
+    std::future::poll_fn(|cx| first.poll_ready(cx)).await.ok()?;
     let mut ready = Vec::with_capacity(want.max(1));
     ready.push(first);
     // NOTE: the closure owns the service (a `&S` held across the await would ask `S: Sync`
@@ -255,13 +279,19 @@ where
         while ready.len() < want {
             let mut next = service.clone();
             match next.poll_ready(cx) {
-                std::task::Poll::Pending => break,
-                std::task::Poll::Ready(_) => ready.push(next),
+                std::task::Poll::Ready(Ok(())) => ready.push(next),
+                _ => break,
             }
         }
-        std::task::Poll::Ready(std::mem::take(&mut ready))
+        std::task::Poll::Ready(Some(std::mem::take(&mut ready)))
     })
     .await
+}
+
+/// Whether a service readied earlier is ready still, asked without waiting.
+fn still_ready<S: Service<Req>, Req>(service: &mut S) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    matches!(service.poll_ready(&mut cx), std::task::Poll::Ready(Ok(())))
 }
 
 /// Whether `future` has completed, without waiting for it.

@@ -56,7 +56,6 @@ pub(super) struct Reading<S, C> {
     pub(super) parts: Parts,
     pub(super) config: Arc<Padded<Config<S, C>>>,
     pub(super) limit: usize,
-    pub(super) started: Instant,
 }
 
 pin_project! {
@@ -140,13 +139,15 @@ where
                         mut inner,
                         parts,
                         config,
-                        started,
                         ..
                     }) = this.reading.take()
                     else {
                         tower_once_core::polled_after_completion("HttpHedge's ResponseFuture");
                     };
                     let collected = std::mem::take(collected);
+                    // NOTE: the delay (and the latency observed) runs from when the first copy
+                    // is sent, not from the call: a slow upload is not a slow answer.
+                    let started = Instant::now();
                     let (first, plan) = match (outcome, body.take()) {
                         (Collected::Complete, _) => {
                             let copies = HttpCopies {

@@ -98,7 +98,6 @@ where
                 parts,
                 config,
                 limit: self.body_limit,
-                started,
             },
         )
     }
