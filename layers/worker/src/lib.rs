@@ -43,7 +43,8 @@
 //!
 //! | delivery | Redis action |
 //! |---|---|
-//! | before any fetch | the handler service is asked for readiness, once per entry to fetch: a handler that is not ready (a circuit breaker gating on an open circuit, a concurrency limit) holds the fetch back, so no job is taken that could not run |
+//! | before any fetch | the handler service is asked for readiness, once per entry to fetch: a handler that is not ready (a circuit breaker gating on an open circuit, a concurrency limit) holds the fetch back, so no job is taken that could not run; one whose readiness fails has nothing fetched (the worker backs off, 100 ms doubling to 5 s, and asks again) |
+//! | an entry fetched for a handler no longer ready when the read returns (a circuit that opened while `XREADGROUP` blocked) | given back unrun: `XCLAIM ... IDLE <claim_idle> RETRYCOUNT <count - 1> JUSTID`, its delivery count restored |
 //! | new entry | `XREADGROUP GROUP <g> <me> COUNT <ready slots> BLOCK <ms> STREAMS <s> >` (delivery count 1) |
 //! | entry idle > `claim_idle` in any consumer (crashed, or left pending) | `XAUTOCLAIM` (cursor kept between calls), delivery counts from one `XPENDING` per batch (plus one per entry a long pending list pushed out of its reply) |
 //! | delivery count > `max_deliveries` | dead-lettered (`reason` `max_deliveries`), handler not called |
