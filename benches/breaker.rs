@@ -268,15 +268,25 @@ fn time(calls: u64, rounds: usize) {
     println!();
 }
 
+/// How many more calls the bare row makes in `threads`.
+const BARE_FACTOR: u64 = 50;
+
 fn threads(calls: u64, rounds: usize) {
-    println!("## threads: calls per second, {calls} calls per run, median of {rounds} interleaved rounds");
+    println!(
+        "## threads: calls per second, {calls} calls per run ({} for the bare service), \
+         median of {rounds} interleaved rounds",
+        calls * BARE_FACTOR
+    );
     println!();
     const THREADS: [usize; 2] = [1, 2];
     let s = services();
     let mut rates: Vec<[Vec<f64>; 2]> = vec![Default::default(); ROWS.len()];
     for _ in 0..rounds {
         for (t, threads) in THREADS.into_iter().enumerate() {
-            let round = each!(s, |svc| calls_per_second(threads, calls, svc));
+            let mut round = each!(s, |svc| calls_per_second(threads, calls, svc));
+            // The bare service takes about a nanosecond a call: with as many calls as the
+            // others, a run lasts a few milliseconds and measures starting the tasks.
+            round[0] = calls_per_second(threads, calls * BARE_FACTOR, &s.bare);
             for (row, rate) in rates.iter_mut().zip(round) {
                 row[t].push(rate);
             }
