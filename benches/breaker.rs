@@ -132,10 +132,11 @@ where
 }
 
 /// Calls per second on a multi-thread runtime of `threads` workers: `calls` in all, split over
-/// 8 tasks per worker, every task on a clone of `svc` (one layer, one set of circuits).
-fn calls_per_second<S>(threads: usize, calls: u64, svc: &S) -> f64
+/// 8 tasks per worker, every task on a service `make` returns (a clone of one service: one
+/// layer, one set of circuits).
+fn calls_per_second<S>(threads: usize, calls: u64, make: impl Fn() -> S) -> f64
 where
-    S: Service<u64> + Clone + Send + 'static,
+    S: Service<u64> + Send + 'static,
     S::Future: Send,
     S::Error: Debug,
 {
@@ -144,14 +145,13 @@ where
         .enable_all()
         .build()
         .expect("runtime");
-    let svc = svc.clone();
     rt.block_on(async move {
         let tasks = threads * 8;
         let per_task = calls / tasks as u64;
         let started = Instant::now();
         let handles: Vec<_> = (0..tasks)
             .map(|_| {
-                let mut svc = svc.clone();
+                let mut svc = make();
                 tokio::spawn(deadline().in_scope(async move {
                     for i in 0..per_task {
                         let out = svc.ready().await.expect("ready").call(i).await;
@@ -280,20 +280,26 @@ fn threads(calls: u64, rounds: usize) {
     println!();
     const THREADS: [usize; 2] = [1, 2];
     let s = services();
-    let mut rates: Vec<[Vec<f64>; 2]> = vec![Default::default(); ROWS.len()];
+    let names = ROWS.into_iter().chain([
+        "control: `CircuitBreakerLayer::new()`, a layer of its own per task (nothing shared)",
+    ]);
+    let mut rates: Vec<[Vec<f64>; 2]> = vec![Default::default(); ROWS.len() + 1];
     for _ in 0..rounds {
         for (t, threads) in THREADS.into_iter().enumerate() {
-            let mut round = each!(s, |svc| calls_per_second(threads, calls, svc));
+            let mut round = each!(s, |svc| calls_per_second(threads, calls, || svc.clone()));
             // The bare service takes about a nanosecond a call: with as many calls as the
             // others, a run lasts a few milliseconds and measures starting the tasks.
-            round[0] = calls_per_second(threads, calls * BARE_FACTOR, &s.bare);
-            for (row, rate) in rates.iter_mut().zip(round) {
+            round[0] = calls_per_second(threads, calls * BARE_FACTOR, || Echo);
+            // The control: the same layer, but one per task, so that nothing is shared.
+            let control =
+                calls_per_second(threads, calls, || CircuitBreakerLayer::new().layer(Echo));
+            for (row, rate) in rates.iter_mut().zip(round.into_iter().chain([control])) {
                 row[t].push(rate);
             }
         }
     }
     let table = Table::new(&["row", "1 thread", "2 threads", "2 / 1"]);
-    for (name, [one, two]) in ROWS.into_iter().zip(rates) {
+    for (name, [one, two]) in names.zip(rates) {
         let (one, two) = (median(one), median(two));
         table.row(&[
             name.to_owned(),
