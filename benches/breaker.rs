@@ -296,6 +296,8 @@ fn threads(calls: u64, rounds: usize) {
     let mut rates: Vec<[Vec<f64>; 2]> = vec![Default::default(); ROWS.len() + 1];
     for _ in 0..rounds {
         for (t, threads) in THREADS.into_iter().enumerate() {
+            // One expression for every row, the bare `Echo` (which is `Copy`) among them.
+            #[allow(clippy::clone_on_copy)]
             let mut round = each!(s, |svc| calls_per_second(threads, calls, || svc.clone()));
             // The bare service takes about a nanosecond a call: with as many calls as the
             // others, a run lasts a few milliseconds and measures starting the tasks.
