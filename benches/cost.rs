@@ -2,13 +2,17 @@
 //! (a counting global allocator, `dhat` in testing mode) and, under
 //! `valgrind --tool=callgrind`, instructions. Counts are stable on a noisy machine, unlike
 //! nanoseconds. Peers run in the same binary: a bare axum handler, `tower::retry`,
-//! `tower::timeout` and `tower-resilience`'s retry. Every `u64` service (the bare one
-//! included) is boxed the same way, so compare each with `no_retry`, not with zero.
+//! `tower::timeout`, `tower::hedge` and `tower-resilience`'s retry and circuit breaker. The
+//! retry and timeout `u64` services (the bare one included) are boxed the same way, so compare
+//! each with `no_retry`, not with zero; the breaker and hedge cases are not boxed (their
+//! services are called directly, every call with a `Deadline` in scope), so compare them with
+//! `echo`, the inner service alone.
 //!
 //! ```sh
 //! cargo bench --bench cost               # allocations per request, every case
 //! bash benches/callgrind.sh              # instructions per request, every case
 //! cargo bench --bench cost -- fresh 1000 # one case, N requests, no counting (for callgrind)
+//! cargo bench --bench cost -- circuits   # heap bytes a keyed circuit holds
 //! ```
 
 #![allow(missing_docs)]
@@ -32,7 +36,7 @@ use tower_once::timeout::TimeoutLayer;
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-const CASES: [&str; 9] = [
+const CASES: [&str; 18] = [
     "bare",
     "fresh",
     "replay",
@@ -42,6 +46,15 @@ const CASES: [&str; 9] = [
     "once_retry",
     "tower_timeout",
     "once_timeout",
+    "echo",
+    "resilience_breaker",
+    "once_breaker",
+    "once_breaker_consecutive",
+    "once_breaker_keyed",
+    "tower_hedge",
+    "once_hedge",
+    "tower_hedge_unarmed",
+    "once_hedge_percentile",
 ];
 
 async fn create(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], String) {
@@ -188,6 +201,9 @@ async fn calls(svc: &BoxSvc, n: u64) {
 
 /// Runs `n` requests of `case`; fresh keys are numbered so every run is a new one.
 async fn run(case: &str, n: u64, routers: &Routers) {
+    if routers.direct.run(case, n).await {
+        return;
+    }
     let body = Bytes::from(vec![b'a'; 1024]);
     let svc = match case {
         "bare" | "fresh" | "replay" => None,
@@ -214,6 +230,7 @@ async fn run(case: &str, n: u64, routers: &Routers) {
 type BoxSvc = tower::util::BoxCloneSyncService<u64, u64, tower::BoxError>;
 
 struct Routers {
+    direct: Direct,
     bare: Router,
     bare_svc: BoxSvc,
     layered: Router,
@@ -248,6 +265,7 @@ fn main() {
         .expect("tokio runtime");
     let routers = rt.block_on(async {
         Routers {
+            direct: Direct::new(),
             // `with_state` turns handlers into routes once, as `axum::serve` does; without it
             // axum re-applies every layer on each request.
             bare: Router::new().route("/charges", post(create)).with_state(()),
@@ -271,11 +289,12 @@ fn main() {
             once_timeout: boxed(TimeoutLayer::new(Duration::from_secs(5)).layer(inner())),
         }
     });
-    // Warm every path (first-time allocations, the replayed record).
+    // Warm every path (first-time allocations, the replayed record, every key's circuit).
     rt.block_on(async {
         for case in CASES {
             run(case, 2, &routers).await;
         }
+        routers.direct.warm().await;
     });
     if let [mode, case, n] = args.as_slice() {
         // `profile CASE N`: a dhat heap profile (dhat-heap.json) of N requests of one case, to
@@ -293,8 +312,11 @@ fn main() {
         return;
     }
     if let [mode] = args.as_slice() {
-        assert_eq!(mode, "memory", "usage: memory | CASE N | profile CASE N");
-        memory(&rt);
+        match mode.as_str() {
+            "memory" => memory(&rt),
+            "circuits" => circuits(&rt),
+            _ => panic!("usage: memory | circuits | CASE N | profile CASE N"),
+        }
         return;
     }
     const N: u64 = 1000;
@@ -316,4 +338,222 @@ fn main() {
             ),
         ]);
     }
+}
+
+/// The inner service of the breaker and hedge cases: answers its request back at once (a
+/// ready future), called directly (not boxed).
+#[derive(Debug, Clone, Copy)]
+struct Echo;
+
+impl<R> Service<R> for Echo {
+    type Response = R;
+    type Error = Failed;
+    type Future = Ready<Result<R, Failed>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Failed>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        ready(Ok(req))
+    }
+}
+
+/// A request naming its circuit with a key that costs nothing to produce.
+#[derive(Debug, Clone, Copy)]
+struct Keyed {
+    key: &'static str,
+}
+
+impl tower_once::timeout::Carrier for Keyed {}
+
+type KeyOf = fn(&Keyed) -> Option<&'static str>;
+
+fn key_of(req: &Keyed) -> Option<&'static str> {
+    Some(req.key)
+}
+
+/// `n` keys made once (leaked: they live as long as the bench).
+fn keys(n: usize) -> &'static [&'static str] {
+    Vec::leak(
+        (0..n)
+            .map(|i| &*String::leak(format!("tenant-{i:06}")))
+            .collect(),
+    )
+}
+
+/// tower's hedge policy: hedge every request (a `u64` is copied).
+#[derive(Debug, Clone, Copy)]
+struct HedgeAll;
+
+impl tower::hedge::Policy<u64> for HedgeAll {
+    fn clone_request(&self, req: &u64) -> Option<u64> {
+        Some(*req)
+    }
+
+    fn can_retry(&self, _: &u64) -> bool {
+        true
+    }
+}
+
+type TowerHedge = std::cell::RefCell<Option<tower::hedge::Hedge<Echo, HedgeAll>>>;
+
+/// The breaker and hedge cases: services called directly (their futures not boxed), as the
+/// timed benches (`breaker.rs`, `hedge.rs`) call them.
+struct Direct {
+    once_breaker: tower_once::breaker::CircuitBreaker<Echo>,
+    once_breaker_consecutive: tower_once::breaker::CircuitBreaker<Echo>,
+    resilience_breaker: tower_resilience::circuitbreaker::CircuitBreaker<
+        Echo,
+        tower_resilience::circuitbreaker::DefaultClassifier,
+    >,
+    once_breaker_keyed: tower_once::breaker::CircuitBreaker<Echo, KeyOf>,
+    keys: &'static [&'static str],
+    once_hedge: tower_once::hedge::Hedge<Echo>,
+    once_hedge_percentile: tower_once::hedge::Hedge<Echo>,
+    // tower's `Hedge` is not `Clone`: taken out for a run, put back after.
+    tower_hedge: TowerHedge,
+    tower_hedge_unarmed: TowerHedge,
+}
+
+impl Direct {
+    /// Built inside the runtime (tokio's clock and timers).
+    fn new() -> Self {
+        use tower_once::breaker::CircuitBreakerLayer;
+        let latencies: Vec<u64> = (1..=100).collect();
+        Self {
+            once_breaker: CircuitBreakerLayer::new().layer(Echo),
+            once_breaker_consecutive: CircuitBreakerLayer::new()
+                .consecutive_failures(5)
+                .layer(Echo),
+            resilience_breaker: tower_resilience::circuitbreaker::CircuitBreakerLayer::builder()
+                .build()
+                .expect("the default configuration is valid")
+                .layer(Echo),
+            once_breaker_keyed: CircuitBreakerLayer::new()
+                .key_by(key_of as KeyOf)
+                .layer(Echo),
+            keys: keys(1000),
+            once_hedge: tower_once::hedge::HedgeLayer::new(Duration::from_millis(100)).layer(Echo),
+            once_hedge_percentile: tower_once::hedge::HedgeLayer::latency_percentile(
+                0.9,
+                u64::MAX,
+                Duration::from_secs(10),
+            )
+            .layer(Echo),
+            // Armed: a 90 ms delay (the 90th percentile of 1..=100 ms), never rotated.
+            tower_hedge: std::cell::RefCell::new(Some(
+                tower::hedge::Hedge::new_with_mock_latencies(
+                    Echo,
+                    HedgeAll,
+                    10,
+                    0.9,
+                    Duration::from_secs(3600),
+                    &latencies,
+                ),
+            )),
+            // Not armed: too few data points, however long it runs.
+            tower_hedge_unarmed: std::cell::RefCell::new(Some(tower::hedge::Hedge::new(
+                Echo,
+                HedgeAll,
+                u64::MAX,
+                0.9,
+                Duration::from_secs(10),
+            ))),
+        }
+    }
+
+    /// Makes every key's circuit, so that the keyed case counts finding a circuit, not making
+    /// one.
+    async fn warm(&self) {
+        self.run("once_breaker_keyed", self.keys.len() as u64).await;
+    }
+
+    /// Runs `n` calls of `case` if it is one of these; `false` if not.
+    async fn run(&self, case: &str, n: u64) -> bool {
+        match case {
+            "echo" => direct(&mut Echo, n, |i| i).await,
+            "resilience_breaker" => direct(&mut self.resilience_breaker.clone(), n, |i| i).await,
+            "once_breaker" => direct(&mut self.once_breaker.clone(), n, |i| i).await,
+            "once_breaker_consecutive" => {
+                direct(&mut self.once_breaker_consecutive.clone(), n, |i| i).await
+            }
+            "once_breaker_keyed" => {
+                let keys = self.keys;
+                let request = |i: u64| Keyed {
+                    key: keys[(i % keys.len() as u64) as usize],
+                };
+                direct(&mut self.once_breaker_keyed.clone(), n, request).await
+            }
+            "once_hedge" => direct(&mut self.once_hedge.clone(), n, |i| i).await,
+            "once_hedge_percentile" => {
+                direct(&mut self.once_hedge_percentile.clone(), n, |i| i).await
+            }
+            "tower_hedge" | "tower_hedge_unarmed" => {
+                let cell = match case {
+                    "tower_hedge" => &self.tower_hedge,
+                    _ => &self.tower_hedge_unarmed,
+                };
+                let mut svc = cell.borrow_mut().take().expect("not in use");
+                direct(&mut svc, n, |i| i).await;
+                *cell.borrow_mut() = Some(svc);
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// `n` calls on `svc`, with a deadline (far enough never to matter) in scope.
+async fn direct<S, R>(svc: &mut S, n: u64, request: impl Fn(u64) -> R)
+where
+    S: Service<R>,
+    S::Error: std::fmt::Debug,
+{
+    tower_once::timeout::Deadline::after(Duration::from_secs(3600))
+        .in_scope(async {
+            for i in 0..n {
+                let ready = svc.ready().await.expect("ready");
+                ready.call(request(i)).await.expect("happy path");
+            }
+        })
+        .await
+}
+
+/// Prints the heap bytes a keyed circuit holds, in each trip mode: 100 000 keys called once
+/// each on one thread (a key called from more threads adds an entry to each thread's cache).
+fn circuits(rt: &tokio::runtime::Runtime) {
+    use tower_once::breaker::CircuitBreakerLayer;
+    const N: usize = 100_000;
+    let keys = keys(N);
+    let _profiler = dhat::Profiler::builder().testing().build();
+    rt.block_on(async {
+        for (label, layer) in [
+            ("failure ratio (the default)", CircuitBreakerLayer::new()),
+            (
+                "consecutive failures",
+                CircuitBreakerLayer::new().consecutive_failures(5),
+            ),
+        ] {
+            let mut svc = layer
+                .key_by(key_of as KeyOf)
+                .max_circuits(N + 1)
+                .layer(Echo);
+            // The layer's own structures, made with its first call.
+            direct(&mut svc, 1, |_| Keyed { key: "warm" }).await;
+            let before = dhat::HeapStats::get().curr_bytes;
+            direct(&mut svc, N as u64, |i| Keyed {
+                key: keys[i as usize],
+            })
+            .await;
+            let after = dhat::HeapStats::get().curr_bytes;
+            println!(
+                "keyed circuit, {label}: {} B each ({N} circuits, keys of 13 bytes)",
+                (after - before) / N
+            );
+        }
+    });
 }
