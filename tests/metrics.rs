@@ -1,7 +1,13 @@
 //! The facade's `metrics` feature (README "Observability": the names, types and labels of its
-//! table), checked with a recording backend across the idempotency, retry and timeout layers. One
-//! test in its own binary, as the recorder is process-global.
-#![cfg(all(feature = "metrics", feature = "retry"))]
+//! table), checked with a recording backend across the idempotency, retry, timeout, breaker,
+//! fallback and hedging layers. One test in its own binary, as the recorder is process-global.
+#![cfg(all(
+    feature = "metrics",
+    feature = "retry",
+    feature = "breaker",
+    feature = "fallback",
+    feature = "hedge"
+))]
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -86,8 +92,67 @@ async fn every_layer_reports_with_stable_names() {
         .unwrap_err();
     assert_eq!(err.attempts(), 4);
 
+    // Breaker: a keyed circuit opens on its first failure, then refuses.
+    let failing = tower::service_fn(|_: String| async { Err::<(), _>("down") });
+    let breaker = tower_once::breaker::CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .key_by(|key: &String| Some(key.clone()))
+        .layer(failing);
+    breaker.clone().oneshot("k1".to_owned()).await.unwrap_err();
+    assert!(breaker.oneshot("k1".to_owned()).await.unwrap_err().is_open());
+
+    // Fallback: a refused connection goes on; a reset (it may have run) is withheld.
+    let io = |kind: std::io::ErrorKind| {
+        tower::service_fn(move |_: u32| async move { Err::<u32, _>(std::io::Error::from(kind)) })
+    };
+    let secondary = tower::service_fn(|n: u32| async move { Ok::<_, std::io::Error>(n) });
+    let fallback = tower_once::fallback::FallbackLayer::new(secondary);
+    assert_eq!(
+        fallback
+            .layer(io(std::io::ErrorKind::ConnectionRefused))
+            .oneshot(7)
+            .await
+            .unwrap(),
+        7
+    );
+    assert!(fallback
+        .layer(io(std::io::ErrorKind::ConnectionReset))
+        .oneshot(7)
+        .await
+        .unwrap_err()
+        .is_primary());
+
+    // Hedging: a slow first copy is hedged and the hedge wins; an empty budget refuses one.
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let slow_first = tower::service_fn(move |n: u32| {
+        let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        async move {
+            let took = if first { 1_000 } else { 1 };
+            tokio::time::sleep(Duration::from_millis(took)).await;
+            Ok::<_, Infallible>(n)
+        }
+    });
+    let hedge = tower_once::hedge::HedgeLayer::new(Duration::from_millis(10)).no_budget();
+    assert_eq!(hedge.layer(slow_first).oneshot(1).await.unwrap(), 1);
+    let slow = tower::service_fn(|n: u32| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<_, Infallible>(n)
+    });
+    let empty = tower_once::retry::budget::RetryBudget::new(0.0, 0, Duration::from_secs(10));
+    let hedge = tower_once::hedge::HedgeLayer::new(Duration::from_millis(10)).budget(empty);
+    assert_eq!(hedge.layer(slow).oneshot(2).await.unwrap(), 2);
+
     let rows = snapshot(&snapshotter);
     let expected: Vec<(String, u64)> = [
+        ("tower_once_breaker_circuits{}", 1),
+        ("tower_once_breaker_refusals_total{state=open}", 1),
+        ("tower_once_breaker_state{circuit=k1}", 1),
+        ("tower_once_breaker_transitions_total{to=open}", 1),
+        ("tower_once_fallback_fallbacks_total{reason=unsent}", 1),
+        ("tower_once_fallback_withheld_total{}", 1),
+        ("tower_once_hedge_budget_refusals_total{}", 1),
+        ("tower_once_hedge_hedges_total{}", 1),
+        ("tower_once_hedge_wins_total{}", 1),
         ("tower_once_idempotency_requests_total{outcome=mismatch}", 1),
         ("tower_once_idempotency_requests_total{outcome=rejected}", 1),
         ("tower_once_idempotency_requests_total{outcome=released}", 1),
