@@ -99,7 +99,11 @@ async fn every_layer_reports_with_stable_names() {
         .key_by(|key: &String| Some(key.clone()))
         .layer(failing);
     breaker.clone().oneshot("k1".to_owned()).await.unwrap_err();
-    assert!(breaker.oneshot("k1".to_owned()).await.unwrap_err().is_open());
+    assert!(breaker
+        .oneshot("k1".to_owned())
+        .await
+        .unwrap_err()
+        .is_open());
 
     // Fallback: a refused connection goes on; a reset (it may have run) is withheld.
     let io = |kind: std::io::ErrorKind| {

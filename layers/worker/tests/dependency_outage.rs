@@ -320,7 +320,11 @@ async fn a_handler_whose_readiness_fails_has_no_entry_fetched() {
     );
     assert_eq!(log.total(), JOBS);
     for i in 0..JOBS {
-        assert_eq!(log.deliveries(&format!("job-{i}")), [1], "one delivery each");
+        assert_eq!(
+            log.deliveries(&format!("job-{i}")),
+            [1],
+            "one delivery each"
+        );
     }
 }
 /// Shutdown while the worker waits for its handler's readiness (an isolated circuit): the run
