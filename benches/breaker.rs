@@ -30,12 +30,15 @@
 //! ONLY=ratio perf record -e cpu-clock -g target/release/deps/breaker-*
 //! ```
 
+#[path = "support/echo.rs"]
+mod echo;
 #[allow(dead_code)] // `seconds` is not used here
 #[path = "support/env.rs"]
 mod env;
 #[path = "support/report.rs"]
 mod report;
 
+use echo::{Echo, Failed};
 use report::{median, median_ratio, Table};
 use std::fmt::Debug;
 use std::future::{ready, Ready};
@@ -45,35 +48,6 @@ use tokio::runtime::Runtime;
 use tower::{Layer, Service, ServiceExt};
 use tower_once::breaker::CircuitBreakerLayer;
 use tower_once::timeout::{Carrier, Deadline};
-
-#[derive(Debug, Clone)]
-struct Failed;
-
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("failed")
-    }
-}
-
-impl std::error::Error for Failed {}
-
-/// The inner service of every row: answers its request back at once (a ready future).
-#[derive(Debug, Clone, Copy)]
-struct Echo;
-
-impl<R> Service<R> for Echo {
-    type Response = R;
-    type Error = Failed;
-    type Future = Ready<Result<R, Failed>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Failed>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: R) -> Self::Future {
-        ready(Ok(req))
-    }
-}
 
 /// The inner service of the HTTP rows: `200 OK` at once.
 #[derive(Debug, Clone, Copy)]

@@ -17,12 +17,15 @@
 
 #![allow(missing_docs)]
 
+#[path = "support/echo.rs"]
+mod echo;
 #[path = "support/report.rs"]
 mod report;
 
 use axum::body::{Body, Bytes};
 use axum::routing::post;
 use axum::Router;
+use echo::{Echo, Failed};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use report::Table;
@@ -155,17 +158,6 @@ async fn call(router: &Router, req: Request<Body>) {
     assert!(res.status().is_success());
     res.into_body().collect().await.expect("in-memory body");
 }
-
-#[derive(Debug, Clone)]
-struct Failed;
-
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("failed")
-    }
-}
-
-impl std::error::Error for Failed {}
 
 fn inner() -> impl Service<u64, Response = u64, Error = Failed, Future: Send> + Clone + Send {
     tower::service_fn(|x: u64| async move { Ok::<_, Failed>(x + 1) })
@@ -337,28 +329,6 @@ fn main() {
                 (after.total_bytes - before.total_bytes) as f64 / N as f64
             ),
         ]);
-    }
-}
-
-/// The inner service of the breaker and hedge cases: answers its request back at once (a
-/// ready future), called directly (not boxed).
-#[derive(Debug, Clone, Copy)]
-struct Echo;
-
-impl<R> Service<R> for Echo {
-    type Response = R;
-    type Error = Failed;
-    type Future = Ready<Result<R, Failed>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Failed>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: R) -> Self::Future {
-        ready(Ok(req))
     }
 }
 

@@ -27,50 +27,22 @@
 //! `ONLY=once` (or `tower`, `once_percentile`, `tower_unarmed`, `bare`) runs one row alone,
 //! for a profiler.
 
+#[path = "support/echo.rs"]
+mod echo;
 #[allow(dead_code)] // `seconds` is not used here
 #[path = "support/env.rs"]
 mod env;
 #[path = "support/report.rs"]
 mod report;
 
+use echo::Echo;
 use report::{median, median_ratio, Table};
 use std::fmt::Debug;
-use std::future::{ready, Ready};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tower::{Layer, Service, ServiceExt};
 use tower_once::hedge::HedgeLayer;
 use tower_once::timeout::Deadline;
-
-#[derive(Debug, Clone)]
-struct Failed;
-
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("failed")
-    }
-}
-
-impl std::error::Error for Failed {}
-
-/// The inner service of every row: answers its request back at once (a ready future).
-#[derive(Debug, Clone, Copy)]
-struct Echo;
-
-impl Service<u64> for Echo {
-    type Response = u64;
-    type Error = Failed;
-    type Future = Ready<Result<u64, Failed>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Failed>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: u64) -> Self::Future {
-        ready(Ok(req))
-    }
-}
 
 /// tower's hedge policy: hedge every request (a `u64` is copied).
 #[derive(Debug, Clone, Copy)]

@@ -14,24 +14,16 @@
 //! ONLY=once perf record -e cpu-clock -g target/release/deps/retry_threads-*
 //! ```
 
+#[path = "support/echo.rs"]
+mod echo;
 #[path = "support/report.rs"]
 mod report;
 
+use echo::Failed;
 use report::{median, Table};
 use std::time::{Duration, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_once::retry::RetryLayer;
-
-#[derive(Debug, Clone)]
-struct Failed;
-
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("failed")
-    }
-}
-
-impl std::error::Error for Failed {}
 
 fn inner() -> impl Service<u64, Response = u64, Error = Failed, Future: Send> + Clone + Send {
     tower::service_fn(|x: u64| async move { Ok::<_, Failed>(x + 1) })

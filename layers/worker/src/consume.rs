@@ -178,22 +178,8 @@ where
 {
     let claim_idle = ctx.config.claim_idle;
     let idle = claim_idle.saturating_sub(after.min(claim_idle));
-    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
-    let script = Script::new(DELAY_SCRIPT);
-    let mut invocation = script.key(&ctx.config.stream);
-    invocation
-        .arg(&ctx.config.group)
-        .arg(&ctx.config.consumer)
-        .arg(id)
-        .arg(idle_ms);
-    let mut conn = ctx.conn.clone();
-    let sent = tokio::time::timeout(
-        ctx.config.command_timeout,
-        invocation.invoke_async::<i64>(&mut conn),
-    )
-    .await;
-    match sent {
-        Ok(Ok(_)) => {
+    match set_idle(ctx, DELAY_SCRIPT, id, idle).await {
+        Ok(()) => {
             tracing::debug!(?after, "redelivery held back as asked");
             // A little after the entry's idle time reaches claim_idle.
             let at = tokio::time::Instant::now() + (claim_idle - idle) + Duration::from_millis(5);
@@ -203,8 +189,7 @@ where
                 times.push(Reverse(at));
             }
         }
-        Ok(Err(e)) => tracing::debug!(error = %e, "could not set the redelivery delay"),
-        Err(_) => tracing::debug!("setting the redelivery delay timed out"),
+        Err(e) => tracing::debug!(error = %e, "could not set the redelivery delay"),
     }
 }
 
@@ -215,8 +200,25 @@ pub(crate) async fn give_back<C, Conn>(ctx: &Ctx<C, Conn>, id: &str)
 where
     Conn: ConnectionLike + Clone + Send,
 {
-    let idle_ms = u64::try_from(ctx.config.claim_idle.as_millis()).unwrap_or(u64::MAX);
-    let script = Script::new(GIVE_BACK_SCRIPT);
+    match set_idle(ctx, GIVE_BACK_SCRIPT, id, ctx.config.claim_idle).await {
+        Ok(()) => tracing::debug!(stream_id = id, "handler not ready: entry given back unrun"),
+        Err(e) => tracing::debug!(error = %e, "could not give the entry back"),
+    }
+}
+
+/// Runs one of the scripts that set a pending entry's idle time (while it is this
+/// consumer's), within the command timeout.
+async fn set_idle<C, Conn>(
+    ctx: &Ctx<C, Conn>,
+    script: &str,
+    id: &str,
+    idle: Duration,
+) -> Result<(), String>
+where
+    Conn: ConnectionLike + Clone + Send,
+{
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+    let script = Script::new(script);
     let mut invocation = script.key(&ctx.config.stream);
     invocation
         .arg(&ctx.config.group)
@@ -230,9 +232,9 @@ where
     )
     .await
     {
-        Ok(Ok(_)) => tracing::debug!(stream_id = id, "handler not ready: entry given back unrun"),
-        Ok(Err(e)) => tracing::debug!(error = %e, "could not give the entry back"),
-        Err(_) => tracing::debug!("giving the entry back timed out"),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
     }
 }
 
