@@ -864,3 +864,90 @@ async fn a_hedged_post_answered_503_then_refused_stays_with_the_primary() {
         result.map(|r| r.status())
     );
 }
+
+// ---- attack 3: the hedge's note lost or stale ----
+
+/// A plain service whose `n`th call (1 the first) waits `ms` then answers `outcome`: counts
+/// the calls (the effects) as they are made.
+fn timed<Req: Send + 'static>(
+    calls: Arc<AtomicU32>,
+    script: fn(u32) -> (u64, Result<&'static str, std::io::ErrorKind>),
+) -> impl tower::Service<
+    Req,
+    Response = &'static str,
+    Error = std::io::Error,
+    Future = impl Future<Output = Result<&'static str, std::io::Error>> + Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_: Req| {
+        let n = calls.fetch_add(1, SeqCst) + 1;
+        let (ms, outcome) = script(n);
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            outcome.map_err(std::io::Error::from)
+        }
+    })
+}
+
+/// "Never a second effect", with the hedging layer *above* the fallback (each copy is its own
+/// fallback operation). The first copy's primary call is slow and then finds the connection
+/// refused (300 ms); its hedge, sent at 100 ms, reaches the primary (its key stamped by the
+/// hedging layer, the same on both copies) and is still running there. The first copy's
+/// fallback sees only an unsent failure of its own and sends the POST to the secondary, which
+/// knows nothing of the primary's records: the POST ran on the primary (the hedge) and on the
+/// secondary.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_above_the_fallback_never_lets_a_copy_reach_the_secondary_after_another_reached_the_primary(
+) {
+    use tower_once_hedge::http::HttpHedgeLayer;
+    let (primary, secondary) = (Side::default(), Side::default());
+    let fallback =
+        HttpFallbackLayer::new(secondary.answering(201)).layer(scripted(&primary, |n| match n {
+            0 => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+            _ => (1_000, Err(std::io::ErrorKind::ConnectionReset)),
+        }));
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .no_budget()
+        .layer(fallback);
+    let result = svc.oneshot(post()).await;
+    assert_eq!(primary.calls(), 2, "the first copy and its hedge reached A");
+    assert_eq!(
+        secondary.calls(),
+        0,
+        "the hedge reached A (it may have run there) and the first copy was charged on B: {:?}",
+        result.map(|r| r.status())
+    );
+}
+
+/// A hedging layer inside the primary whose copies run on a spawned task (a service that
+/// spawns each call, so that it completes even if the caller goes away): the hedge's note is
+/// made on that task, not in the fallback's poll. The first copy reached the primary and was
+/// reset (it may have run); the hedge found the connection refused. The fallback takes the
+/// refused connection for the operation's and sends the POST to the secondary.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_polled_on_a_spawned_task_still_keeps_a_sent_post_from_the_secondary() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let hedged = tower_once_hedge::HedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .layer(timed::<String>(p.clone(), |n| match n {
+            1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let spawning = tower::service_fn(move |req: String| {
+        let call = hedged.clone().oneshot(req);
+        async move { tokio::spawn(call).await.expect("the spawned call") }
+    });
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("charged by B")));
+    let result = FallbackLayer::new(secondary)
+        .layer(spawning)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(p.load(SeqCst), 2, "the first copy and its hedge");
+    assert_eq!(
+        s.load(SeqCst),
+        0,
+        "the first copy may have run on A, and B charged again: {result:?}"
+    );
+}
