@@ -235,3 +235,25 @@ async fn a_half_open_circuit_with_its_probe_taken_never_holds_a_caller_past_its_
         "held {took:?} with a 20 ms deadline in scope"
     );
 }
+
+/// No busy loop: a gated service waiting out a 5 s break (no deadline) is polled about once
+/// per recheck, not spun; and a deadline past the break's end waits for the probe.
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_is_rechecked_not_spun_and_a_later_deadline_waits_for_the_probe() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let circuit = layer.circuits().circuit("");
+    let mut svc = layer.layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    let deadline = tower_once_timeout::Deadline::after(Duration::from_secs(6));
+    let (took, polls) = ready_within(&mut svc, deadline).await;
+    assert_eq!(took, Duration::from_secs(5));
+    assert!(polls <= 8, "{polls} polls during a 5 s break");
+    assert_eq!(circuit.state(), CircuitState::HalfOpen);
+    // The reservation is one probe: another service is not ready.
+    let mut other = layer.layer(dep.service::<u32>());
+    assert!(timeout(Duration::from_secs(1), other.ready())
+        .await
+        .is_err());
+}
