@@ -170,3 +170,90 @@ async fn a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_back() 
     assert_eq!(clone.call(2).await.unwrap(), "ok");
     assert_eq!(dep.calls(), 2);
 }
+
+// ---- attack 3: the gate's rechecks and the deadline in scope ----
+
+/// Polls `svc.ready()` inside `deadline`'s scope (as a retry layer or a worker does) until
+/// it is ready: how long that took, and how many polls it needed.
+async fn ready_within<S: Service<u32>>(
+    svc: &mut S,
+    deadline: tower_once_timeout::Deadline,
+) -> (Duration, u32) {
+    let started = tokio::time::Instant::now();
+    let mut polls = 0;
+    let _ = std::future::poll_fn(|cx| {
+        polls += 1;
+        deadline.scope(|| svc.poll_ready(cx))
+    })
+    .await;
+    (started.elapsed(), polls)
+}
+
+/// "A gated service never holds a caller past the deadline in scope": an isolated circuit
+/// admits nothing before any deadline, so the service must be ready (and refuse) at once, or
+/// at the latest at the deadline. It is held until its next one-second recheck.
+#[tokio::test(start_paused = true)]
+async fn an_isolated_circuit_never_holds_a_caller_past_its_deadline() {
+    let dep = Dependency::default();
+    let layer = gated();
+    let circuit = layer.circuits().circuit("");
+    circuit.isolate();
+    let mut svc = layer.layer(dep.service());
+    let deadline = tower_once_timeout::Deadline::after(Duration::from_millis(200));
+    let (took, _) = ready_within(&mut svc, deadline).await;
+    assert!(
+        took <= Duration::from_millis(200),
+        "held {took:?} with a 200 ms deadline in scope"
+    );
+    assert!(svc.call(1).await.unwrap_err().is_open());
+    assert_eq!(dep.calls(), 0);
+}
+
+/// The same for a half-open circuit whose probe is taken: the caller may wait for the probe
+/// to decide, but not past its deadline (it is rechecked every 50 ms, so a 20 ms deadline is
+/// overrun by 30 ms).
+#[tokio::test(start_paused = true)]
+async fn a_half_open_circuit_with_its_probe_taken_never_holds_a_caller_past_its_deadline() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let circuit = layer.circuits().circuit("");
+    let mut prober = layer.layer(dep.service());
+    prober.ready().await.unwrap().call(1).await.unwrap_err();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    prober.ready().await.unwrap();
+    assert_eq!(
+        circuit.state(),
+        CircuitState::HalfOpen,
+        "the probe reserved"
+    );
+    let mut svc = layer.layer(dep.service());
+    let deadline = tower_once_timeout::Deadline::after(Duration::from_millis(20));
+    let (took, _) = ready_within(&mut svc, deadline).await;
+    assert!(
+        took <= Duration::from_millis(20),
+        "held {took:?} with a 20 ms deadline in scope"
+    );
+}
+
+/// No busy loop: a gated service waiting out a 5 s break (no deadline) is polled about once
+/// per recheck, not spun; and a deadline past the break's end waits for the probe.
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_is_rechecked_not_spun_and_a_later_deadline_waits_for_the_probe() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = gated();
+    let circuit = layer.circuits().circuit("");
+    let mut svc = layer.layer(dep.service());
+    svc.ready().await.unwrap().call(1).await.unwrap_err();
+    let deadline = tower_once_timeout::Deadline::after(Duration::from_secs(6));
+    let (took, polls) = ready_within(&mut svc, deadline).await;
+    assert_eq!(took, Duration::from_secs(5));
+    assert!(polls <= 8, "{polls} polls during a 5 s break");
+    assert_eq!(circuit.state(), CircuitState::HalfOpen);
+    // The reservation is one probe: another service is not ready.
+    let mut other = layer.layer(dep.service::<u32>());
+    assert!(timeout(Duration::from_secs(1), other.ready())
+        .await
+        .is_err());
+}

@@ -864,3 +864,213 @@ async fn a_hedged_post_answered_503_then_refused_stays_with_the_primary() {
         result.map(|r| r.status())
     );
 }
+
+// ---- attack 3: the hedge's note lost or stale ----
+
+/// A plain service whose `n`th call (1 the first) waits `ms` then answers `outcome`: counts
+/// the calls (the effects) as they are made.
+fn timed<Req: Send + 'static>(
+    calls: Arc<AtomicU32>,
+    script: fn(u32) -> (u64, Result<&'static str, std::io::ErrorKind>),
+) -> impl tower::Service<
+    Req,
+    Response = &'static str,
+    Error = std::io::Error,
+    Future = impl Future<Output = Result<&'static str, std::io::Error>> + Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_: Req| {
+        let n = calls.fetch_add(1, SeqCst) + 1;
+        let (ms, outcome) = script(n);
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            outcome.map_err(std::io::Error::from)
+        }
+    })
+}
+
+/// "Never a second effect", with the hedging layer *above* the fallback (each copy is its own
+/// fallback operation). The first copy's primary call is slow and then finds the connection
+/// refused (300 ms); its hedge, sent at 100 ms, reaches the primary (its key stamped by the
+/// hedging layer, the same on both copies) and is still running there. The first copy's
+/// fallback sees only an unsent failure of its own and sends the POST to the secondary, which
+/// knows nothing of the primary's records: the POST ran on the primary (the hedge) and on the
+/// secondary.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_above_the_fallback_never_lets_a_copy_reach_the_secondary_after_another_reached_the_primary(
+) {
+    use tower_once_hedge::http::HttpHedgeLayer;
+    let (primary, secondary) = (Side::default(), Side::default());
+    let fallback =
+        HttpFallbackLayer::new(secondary.answering(201)).layer(scripted(&primary, |n| match n {
+            0 => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+            _ => (1_000, Err(std::io::ErrorKind::ConnectionReset)),
+        }));
+    let svc = HttpHedgeLayer::new(Duration::from_millis(100))
+        .stamp_idempotency_keys(true)
+        .no_budget()
+        .layer(fallback);
+    let result = svc.oneshot(post()).await;
+    assert_eq!(primary.calls(), 2, "the first copy and its hedge reached A");
+    assert_eq!(
+        secondary.calls(),
+        0,
+        "the hedge reached A (it may have run there) and the first copy was charged on B: {:?}",
+        result.map(|r| r.status())
+    );
+}
+
+/// A hedging layer inside the primary whose copies run on a spawned task (a service that
+/// spawns each call, so that it completes even if the caller goes away): the hedge's note is
+/// made on that task, not in the fallback's poll. The first copy reached the primary and was
+/// reset (it may have run); the hedge found the connection refused. The fallback takes the
+/// refused connection for the operation's and sends the POST to the secondary.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_polled_on_a_spawned_task_still_keeps_a_sent_post_from_the_secondary() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let hedged = tower_once_hedge::HedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .layer(timed::<String>(p.clone(), |n| match n {
+            1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let spawning = tower::service_fn(move |req: String| {
+        let call = hedged.clone().oneshot(req);
+        async move { tokio::spawn(call).await.expect("the spawned call") }
+    });
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("charged by B")));
+    let result = FallbackLayer::new(secondary)
+        .layer(spawning)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(p.load(SeqCst), 2, "the first copy and its hedge");
+    assert_eq!(
+        s.load(SeqCst),
+        0,
+        "the first copy may have run on A, and B charged again: {result:?}"
+    );
+}
+
+/// Two fallback operations joined on one task: one hedged (its first copy reset, its hedge
+/// refused: it may have run), one plain and refused (it certainly did not run). The note of
+/// the first must neither be lost nor leak into the second: the hedged one stays with the
+/// primary, the unsent one goes on.
+#[tokio::test(start_paused = true)]
+async fn two_joined_operations_keep_their_own_hedge_notes() {
+    let (pa, pb, s) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let hedged = tower_once_hedge::HedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .layer(timed::<String>(pa.clone(), |n| match n {
+            1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let plain = timed::<String>(pb.clone(), |_| {
+        (150, Err(std::io::ErrorKind::ConnectionRefused))
+    });
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("by B")));
+    let a = FallbackLayer::new(secondary.clone())
+        .layer(hedged)
+        .oneshot("a".to_owned());
+    let b = FallbackLayer::new(secondary)
+        .layer(plain)
+        .oneshot("b".to_owned());
+    let (ra, rb) = futures_util::join!(a, b);
+    assert_eq!(pa.load(SeqCst), 2, "the first copy and its hedge");
+    assert!(ra.is_err(), "the hedged one may have run on A: {ra:?}");
+    assert_eq!(rb.unwrap(), "by B", "the unsent one goes on");
+    assert_eq!(s.load(SeqCst), 1);
+}
+
+/// A `tower::buffer::Buffer` between the fallback and the hedging layer: the hedged
+/// operation's future is polled by the caller, so the note still reaches the fallback.
+#[tokio::test(start_paused = true)]
+async fn behind_a_buffer_a_hedged_operation_whose_first_copy_was_sent_stays() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let primary = ServiceBuilder::new()
+        .buffer(8)
+        .layer(tower_once_hedge::HedgeLayer::new(Duration::from_millis(100)).no_budget())
+        .service(timed::<String>(p.clone(), |n| match n {
+            1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let secondary = tower::service_fn({
+        let s = s.clone();
+        move |_: String| {
+            s.fetch_add(1, SeqCst);
+            async { Ok::<_, tower::BoxError>("charged by B") }
+        }
+    });
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(
+        (p.load(SeqCst), s.load(SeqCst)),
+        (2, 0),
+        "the first copy may have run on A: {result:?}"
+    );
+}
+
+/// A retry layer between the fallback and the hedging layer (one attempt, hedged): the note
+/// crosses the retry's poll.
+#[tokio::test(start_paused = true)]
+async fn behind_a_retry_a_hedged_attempt_whose_first_copy_was_sent_stays() {
+    let (p, s) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let primary = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .max_attempts(1)
+                .deadline(Duration::from_secs(10))
+                .no_budget(),
+        )
+        .layer(tower_once_hedge::HedgeLayer::new(Duration::from_millis(100)).no_budget())
+        .service(timed::<String>(p.clone(), |n| match n {
+            1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("charged by B")));
+    let result = FallbackLayer::new(secondary)
+        .layer(primary)
+        .oneshot("charge".to_owned())
+        .await;
+    assert_eq!(
+        (p.load(SeqCst), s.load(SeqCst)),
+        (2, 0),
+        "the first copy may have run on A: {result:?}"
+    );
+}
+
+/// Nested fallbacks, the hedge in the inner one's secondary: the primary P1 refuses (unsent:
+/// the inner fallback goes on), the inner secondary's first copy is reset (it may have run),
+/// its hedge refused. The outer fallback must not take the inner's failure for unsent and
+/// send the operation a third place.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_in_an_inner_secondary_keeps_the_outer_fallback_from_going_on() {
+    let (p1, s1, s2) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let inner_secondary = tower_once_hedge::HedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .layer(timed::<String>(s1.clone(), |n| match n {
+            1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let inner = FallbackLayer::new(inner_secondary).layer(timed::<String>(p1.clone(), |_| {
+        (0, Err(std::io::ErrorKind::ConnectionRefused))
+    }));
+    let outer = FallbackLayer::new(timed::<String>(s2.clone(), |_| (0, Ok("by S2")))).layer(inner);
+    let result = outer.oneshot("charge".to_owned()).await;
+    assert_eq!((p1.load(SeqCst), s1.load(SeqCst)), (1, 2));
+    assert_eq!(
+        s2.load(SeqCst),
+        0,
+        "ran (maybe) on S1, then charged on S2: {result:?}"
+    );
+}

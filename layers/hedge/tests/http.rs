@@ -285,3 +285,47 @@ async fn a_post_with_an_invalid_key_is_refused_not_charged_twice() {
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(charges.load(SeqCst), 0);
 }
+
+/// "The latency observed runs from when the first copy is sent": with a percentile delay,
+/// forty PUTs whose bodies take 100 ms to upload and whose answers take 20 ms (all within one
+/// 5 s period) teach a delay of about 20 ms, not 120 ms; a later PUT whose first copy hangs
+/// is hedged 20 ms after it was sent.
+#[tokio::test(start_paused = true)]
+async fn slow_uploads_do_not_inflate_the_percentile_delay() {
+    let copies = Arc::new(AtomicU32::new(0));
+    let slow_first = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (count, slow) = (copies.clone(), slow_first.clone());
+    let server = tower::service_fn(move |req: Request<BufferedBody<SlowBody>>| {
+        let n = count.fetch_add(1, SeqCst);
+        let hang = slow.swap(false, SeqCst);
+        async move {
+            use http_body_util::BodyExt;
+            let _ = req.into_body().collect().await;
+            let ms = if hang { 5_000 } else { 20 };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, std::io::Error>(Response::new(format!("copy {n}")))
+        }
+    });
+    let svc = HttpHedgeLayer::latency_percentile(0.9, 20, Duration::from_secs(5))
+        .no_budget()
+        .layer(server);
+    let put = || {
+        Request::put("http://a.example/profile")
+            .body(SlowBody::new(Duration::from_millis(100)))
+            .unwrap()
+    };
+    for _ in 0..40 {
+        svc.clone().oneshot(put()).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(copies.load(SeqCst), 40);
+    slow_first.store(true, SeqCst);
+    let started = Instant::now();
+    let res = svc.clone().oneshot(put()).await.unwrap();
+    assert_eq!(copies.load(SeqCst), 42, "hedged once: {}", res.body());
+    assert!(
+        started.elapsed() < Duration::from_millis(100 + 60),
+        "answered {:?} after the call (upload 100 ms, answers 20 ms)",
+        started.elapsed()
+    );
+}

@@ -393,3 +393,130 @@ async fn a_concurrency_limit_held_elsewhere_costs_no_delivery() {
         assert_eq!(log.deliveries(&format!("job-{i}")), [1], "job-{i}");
     }
 }
+
+// ---- attack 3: the give-back ----
+
+/// A handler whose readiness lapses on demand: each clone is ready when first asked; asked
+/// again (the worker's re-check after its read) it is not ready while `lapses` is above 0,
+/// which that answer uses up. Counts the times it said "no longer ready".
+#[derive(Clone)]
+struct Lapsing<S> {
+    inner: S,
+    lapses: Arc<std::sync::atomic::AtomicU32>,
+    lapsed: Arc<std::sync::atomic::AtomicU32>,
+    polls: u32,
+}
+
+impl<S: tower::Service<tower_once_worker::Job>> tower::Service<tower_once_worker::Job>
+    for Lapsing<S>
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.polls += 1;
+        if self.polls == 2
+            && self
+                .lapses
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            self.lapsed.fetch_add(1, SeqCst);
+            // Ready again when asked with a real waker.
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, job: tower_once_worker::Job) -> Self::Future {
+        self.polls = 0;
+        self.inner.call(job)
+    }
+}
+
+/// "Given back unrun, its delivery count restored", for an entry taken over by `XAUTOCLAIM`
+/// (deliveries > 1) as well: a job that always fails transiently, each failure followed by
+/// two lapses of readiness (its next two fetches are given back), is still dead-lettered
+/// after exactly `max_deliveries` (3) handler calls, seeing deliveries 1, 2, 3: the
+/// give-backs neither count nor make it run more often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_over_entry_given_back_keeps_its_count_and_a_poison_job_still_dead_letters() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let lapses = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let lapsed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let inner = handler(&log, {
+        let lapses = lapses.clone();
+        move |_| {
+            lapses.store(2, SeqCst);
+            Err(JobError::transient("poison"))
+        }
+    });
+    let svc = Lapsing {
+        inner,
+        lapses: lapses.clone(),
+        lapsed: lapsed.clone(),
+        polls: 0,
+    };
+    xadd(&mut conn, "jobs", "poison", "{}").await;
+    let cfg = config("jobs", "w1")
+        .max_deliveries(3)
+        .block(Duration::from_millis(100));
+    let worker = start!(Worker::connect(&server.url(), cfg, svc).unwrap());
+    eventually("poison dead-lettered", || {
+        let mut c = conn.clone();
+        async move { dead_lettered(&mut c, "poison").await }
+    })
+    .await;
+    let _ = worker.stop().await;
+    assert_eq!(log.deliveries("poison"), [1, 2, 3]);
+    assert_eq!(lapsed.load(SeqCst), 6, "two give-backs after each failure");
+    let letters = dead_letters(&mut conn, "jobs").await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        letters[0].get("deliveries").map(String::as_str),
+        Some("4"),
+        "{letters:?}"
+    );
+}
+
+/// Entries of one read given back (the handler's readiness lapsed for two of them) are not
+/// lost and run once each, on their first counted delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_given_back_from_a_batch_each_run_once_on_their_first_delivery() {
+    let server = RedisServer::start();
+    let mut conn = manager(&server.url()).await;
+    let log = Log::default();
+    let lapses = Arc::new(std::sync::atomic::AtomicU32::new(2));
+    let lapsed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let svc = Lapsing {
+        inner: handler(&log, support::ok),
+        lapses: lapses.clone(),
+        lapsed: lapsed.clone(),
+        polls: 0,
+    };
+    for i in 0..JOBS {
+        xadd(&mut conn, "jobs", &format!("job-{i}"), "{}").await;
+    }
+    let cfg = config("jobs", "w1").max_deliveries(1);
+    let worker = start!(Worker::connect(&server.url(), cfg, svc).unwrap());
+    eventually("every job acknowledged", || {
+        let mut c = conn.clone();
+        let ran = log.total() >= JOBS;
+        async move { ran && pending(&mut c, "jobs").await == 0 }
+    })
+    .await;
+    let report = worker.stop().await;
+    assert_eq!(lapsed.load(SeqCst), 2, "two entries given back");
+    assert!(dead_letters(&mut conn, "jobs").await.is_empty());
+    assert_eq!(report.acked, JOBS as u64);
+    for i in 0..JOBS {
+        assert_eq!(log.deliveries(&format!("job-{i}")), [1], "job-{i}");
+    }
+}
