@@ -29,6 +29,9 @@
 //! - [`outbox`] (feature `outbox`): a transactional outbox on Postgres (sqlx) whose relay sends
 //!   through a `tower::Service<OutboxMessage>` with the dedupe key as the idempotency key;
 //!   `outbox::http::HttpSender` is a ready-made one for HTTP providers.
+//! - [`core`]: what the layers share, for code of your own: the classifier vocabulary,
+//!   `Unsent` (implement it for an error type of yours to put it behind a fallback), `Carrier`,
+//!   `SafeToRetry`.
 //! - [`shutdown_signal`] (feature `signal`): the future a server, worker or relay waits on to
 //!   stop gracefully: SIGTERM (what containers are stopped with) or SIGINT on unix.
 //!
@@ -167,6 +170,11 @@
 // Library code never unwraps: a panic on input is a bug (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// What the layers share: the classification vocabulary (`classify`), the retry attempt's
+/// mark (`attempt`), whether a failed call was sent (`unsent`), which requests may be sent
+/// again (`resend`), backoff, bodies, error chains.
+pub use tower_once_core as core;
 
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]

@@ -221,10 +221,13 @@ impl Gate {
                     let left = local.0.next_change();
                     // NOTE: waits no longer than the deadline in scope: a break that ends after
                     // it makes the service ready at once, and the call is refused.
-                    let admits_in_time = match (refusal.state, left, Deadline::current()) {
+                    let deadline = Deadline::current();
+                    let admits_in_time = match (refusal.state, left, deadline) {
                         (crate::CircuitState::Open, Some(left), Some(deadline)) => {
                             tower_once_core::time::saturating_add(now, left) < deadline.instant()
                         }
+                        // Only a person closes it: nothing is admitted by a deadline.
+                        (crate::CircuitState::Isolated, _, Some(_)) => false,
                         (_, _, Some(deadline)) => !deadline.is_expired(),
                         (_, _, None) => true,
                     };
@@ -239,7 +242,11 @@ impl Gate {
                         (_, Some(left)) => left.min(RECHECK),
                         (_, None) => RECHECK,
                     };
-                    let until = tower_once_core::time::saturating_add(now, wait);
+                    let mut until = tower_once_core::time::saturating_add(now, wait);
+                    if let Some(deadline) = deadline {
+                        // Looked at again no later than the deadline, which ends the wait.
+                        until = until.min(deadline.instant());
+                    }
                     let sleep = self
                         .sleep
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));

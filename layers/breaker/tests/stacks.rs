@@ -50,6 +50,9 @@ async fn inside_a_retry_one_failing_operation_counts_once() {
     assert_eq!(circuit.state(), CircuitState::Open);
     assert_eq!(dep.calls(), 10, "the first attempt and the probe");
     assert_eq!((err.attempts(), err.refusals()), (4, 2));
+    assert_eq!(err.reason(), GiveUp::Exhausted);
+    assert!(err.is_circuit_open(), "it ended on a refusal: {err}");
+    assert!(err.circuit_retry_after().is_some());
 }
 
 #[tokio::test(start_paused = true)]

@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
+use tower_once_core::attempt::CopyWatch;
 use tower_once_core::classify::{Action, Classify};
 use tower_once_core::shard::Padded;
 use tower_once_core::unsent::Unsent;
@@ -37,6 +38,8 @@ pin_project! {
         deadline: Option<Deadline>,
         held: Option<Held<Req>>,
         secondary: Option<T>,
+        // Through which a hedge below on another task says it sent a copy.
+        watch: Option<CopyWatch>,
         // The primary's failure, until the secondary is called: the answer if it never is.
         primary: Option<PF::Output>,
         config: Arc<Padded<Config<T, C, H>>>,
@@ -61,6 +64,7 @@ where
     pub(crate) fn new(
         primary: PF,
         held: Held<Req>,
+        watch: Option<CopyWatch>,
         deadline: Option<Deadline>,
         config: Arc<Padded<Config<T, C, H>>>,
     ) -> Self {
@@ -70,6 +74,7 @@ where
             deadline,
             held: Some(held),
             secondary: None,
+            watch,
             primary: None,
             config,
         }
@@ -95,6 +100,7 @@ where
                     let (poll, copied) = tower_once_core::attempt::watch_copies(|| {
                         in_scope(deadline, || future.poll(cx))
                     });
+                    let copied = copied || this.watch.as_ref().is_some_and(CopyWatch::copied);
                     if copied {
                         // NOTE: a hedge below sent another copy: the primary's error no longer
                         // speaks for the first one, which may have run.

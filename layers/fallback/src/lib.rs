@@ -85,6 +85,14 @@
 //! | failure, the rule refuses it | the primary's outcome is returned (an error as [`FallbackError::is_primary`]) |
 //! | the deadline passes while the secondary runs | [`FallbackError::is_deadline`]: it may still complete there |
 //!
+//! Copies of a request (hedges) make an unsent failure say nothing of the operation, for
+//! another copy may have run on the primary. A fallback below a hedging layer sees the
+//! request's [`Hedged`](tower_once_core::attempt::Hedged) mark; one above a hedging layer
+//! learns that it sent a copy while the fallback polls its primary, and through the
+//! [`CopyWatch`](tower_once_core::attempt::CopyWatch) it puts on the request, which a
+//! [`Carrier`](tower_once_core::carrier::Carrier) type (`http::Request`) takes to a spawned
+//! task; a plain request type (`String`) handled on another task is not seen there.
+//!
 //! Every fallback is an `INFO` `tracing` event (`reason`), every refusal of one a `DEBUG`
 //! event.
 //!

@@ -7,7 +7,7 @@ use crate::hook::OnFallback;
 use crate::rule::Facts;
 use std::fmt;
 use std::task::{Context, Poll};
-use tower_once_core::attempt::Attempt;
+use tower_once_core::attempt::{Attempt, CopyWatch, Hedged};
 use tower_once_core::carrier::Carrier;
 use tower_once_core::classify::Classify;
 use tower_once_core::shard::PerThread;
@@ -99,16 +99,19 @@ where
         let facts = Facts {
             idempotent: false,
             keyed: true,
-            later_attempt: Attempt::of(&req).is_some_and(|a| !a.is_first()),
+            // A retry's later attempt, a hedge, or a first copy that hedges may join: another
+            // copy may have run on the primary.
+            later_attempt: Attempt::of(&req).is_some_and(|a| !a.is_first()) || Hedged::is_on(&req),
         };
         let held = Held {
             request: req.clone(),
             facts,
         };
+        let watch = CopyWatch::attach(&mut req);
         let primary = match deadline {
             Some(deadline) => deadline.scope(|| self.primary.call(req)),
             None => self.primary.call(req),
         };
-        ResponseFuture::new(primary, held, deadline, config)
+        ResponseFuture::new(primary, held, watch, deadline, config)
     }
 }

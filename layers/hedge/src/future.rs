@@ -270,7 +270,7 @@ where
     plan.left -= 1;
     // NOTE: a fallback above learns that a copy beyond the first went out: an error this
     // operation returns no longer says that nothing ran.
-    tower_once_core::attempt::note_copy();
+    tower_once_core::attempt::note_copy(&request);
     crate::metrics::hedge();
     tracing::debug!(left = plan.left, "no answer yet: hedging");
     let (future, _) = plan.mark.scope(|| match plan.deadline {

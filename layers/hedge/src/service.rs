@@ -5,7 +5,7 @@ use crate::future::{Cloned, Plan, ResponseFuture};
 use std::fmt;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
-use tower_once_core::attempt::Attempt;
+use tower_once_core::attempt::{Attempt, Hedged};
 use tower_once_core::carrier::Carrier;
 use tower_once_core::classify::Classify;
 use tower_once_core::shard::PerThread;
@@ -95,10 +95,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         let config = self.config.local();
         let now = Instant::now();
         let plan = plan(&config, &req, || Cloned(req.clone()), now);
+        if plan.is_some() {
+            Hedged::mark(&mut req);
+        }
         ResponseFuture::new(self.inner.call(req), plan, config, now)
     }
 }

@@ -87,6 +87,8 @@ pub struct RetryError<E> {
     refusals: u32,
     // Whether every attempt before the last was one of them.
     earlier_refused: bool,
+    // The last attempt's refusal, when it was one.
+    last_refusal: Option<tower_once_core::attempt::Refused>,
 }
 
 impl<E> RetryError<E> {
@@ -103,6 +105,7 @@ impl<E> RetryError<E> {
             key: None,
             refusals: 0,
             earlier_refused: false,
+            last_refusal: None,
         }
     }
 
@@ -120,6 +123,7 @@ impl<E> RetryError<E> {
             key: None,
             refusals: 0,
             earlier_refused: false,
+            last_refusal: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl<E> RetryError<E> {
             key: None,
             refusals: 0,
             earlier_refused: false,
+            last_refusal: None,
         }
     }
 
@@ -154,9 +159,15 @@ impl<E> RetryError<E> {
 
     /// The same error, saying how many of its attempts a circuit breaker below refused
     /// before sending them, and whether every attempt before the last was one of them.
-    pub(crate) const fn with_refusals(mut self, refusals: u32, earlier_refused: bool) -> Self {
+    pub(crate) const fn with_refusals(
+        mut self,
+        refusals: u32,
+        earlier_refused: bool,
+        last_refusal: Option<tower_once_core::attempt::Refused>,
+    ) -> Self {
         self.refusals = refusals;
         self.earlier_refused = earlier_refused;
+        self.last_refusal = last_refusal;
         self
     }
 
@@ -187,10 +198,21 @@ impl<E> RetryError<E> {
         matches!(self.reason, GiveUp::Deadline)
     }
 
-    /// Whether the layer gave up because a circuit breaker below refused the last attempt and
-    /// admits no new try before the deadline ([`GiveUp::CircuitOpen`]).
+    /// Whether the operation ended on a refusal by a circuit breaker below: the last attempt
+    /// was refused, never sent, whatever the reason the layer gave up for
+    /// ([`GiveUp::CircuitOpen`]: no new try is admitted before the deadline; or the attempts
+    /// ran out).
     pub const fn is_circuit_open(&self) -> bool {
-        matches!(self.reason, GiveUp::CircuitOpen)
+        matches!(self.reason, GiveUp::CircuitOpen) || self.last_refusal.is_some()
+    }
+
+    /// When the last attempt was refused by a circuit breaker below: how long from then until
+    /// the circuit admits a probe, when it said.
+    pub const fn circuit_retry_after(&self) -> Option<Duration> {
+        match self.last_refusal {
+            Some(refused) => refused.retry_after(),
+            None => None,
+        }
     }
 
     /// How many attempts a circuit breaker below refused before sending them: those never

@@ -43,8 +43,8 @@ pub(crate) struct Operation<S, Req, C, H> {
     pub(crate) refused: Option<Refused>,
     /// How many attempts were refused so: they never reached the dependency.
     refusals: u32,
-    /// Whether the last attempt was one of them.
-    last_refused: bool,
+    /// The last attempt's refusal, when it was one of them.
+    last_refusal: Option<Refused>,
 }
 
 impl<S, Req, C, H> Operation<S, Req, C, H> {
@@ -74,7 +74,7 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             rng: None,
             refused: None,
             refusals: 0,
-            last_refused: false,
+            last_refusal: None,
         }
     }
 
@@ -169,7 +169,8 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             .with_elapsed(self.started.map_or(Duration::ZERO, |s| s.elapsed()))
             .with_refusals(
                 self.refusals,
-                self.refusals - u32::from(self.last_refused) + 1 >= self.attempt,
+                self.refusals - u32::from(self.last_refusal.is_some()) + 1 >= self.attempt,
+                self.last_refusal,
             )
     }
 
@@ -213,8 +214,8 @@ where
     ) -> Result<Duration, GiveUp> {
         let settings = &self.config.settings;
         let refused = self.refused.take();
-        self.last_refused = refused.is_some();
-        if self.last_refused {
+        self.last_refusal = refused;
+        if refused.is_some() {
             self.refusals += 1;
         }
         if self.nested {

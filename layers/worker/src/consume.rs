@@ -194,8 +194,9 @@ where
 }
 
 /// Gives a fetched entry back unrun (its handler was found not ready after the fetch): its
-/// delivery count restored and claimable again at once, by whichever consumer is ready. Best
-/// effort: if Redis does not answer, the entry waits `claim_idle` with the delivery counted.
+/// delivery count restored and its idle time set to `claim_idle`, so the next claim pass of
+/// whichever consumer is ready takes it over. Best effort: if Redis does not answer, the entry
+/// waits `claim_idle` with the delivery counted.
 pub(crate) async fn give_back<C, Conn>(ctx: &Ctx<C, Conn>, id: &str)
 where
     Conn: ConnectionLike + Clone + Send,

@@ -34,8 +34,8 @@ end
 return 0
 ";
 
-/// Gives a fetched entry back unrun: its delivery count one less and claimable at once (idle
-/// ARGV[4] ms, `claim_idle`), only while it is still this consumer's (ARGV[2]).
+/// Gives a fetched entry back unrun: its delivery count one less and claimable by the next
+/// claim pass (idle ARGV[4] ms, `claim_idle`), only while it is still this consumer's (ARGV[2]).
 pub(crate) const GIVE_BACK_SCRIPT: &str = r"
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if p[1] and p[1][2] == ARGV[2] then

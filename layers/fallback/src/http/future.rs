@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Sleep;
+use tower_once_core::attempt::CopyWatch;
 use tower_once_core::body::{BufferedBody, Collected, Collector};
 use tower_once_core::classify::Classify;
 use tower_once_core::shard::Padded;
@@ -171,10 +172,13 @@ where
                                 request: copy_of(&parts, bytes.clone()),
                                 facts,
                             };
-                            let req = Request::from_parts(parts, BufferedBody::full(bytes));
+                            let mut req = Request::from_parts(parts, BufferedBody::full(bytes));
+                            let watch = CopyWatch::attach(&mut req);
                             let future = call(&mut primary, req, deadline);
                             this.state.set(HttpState::Running {
-                                core: crate::ResponseFuture::new(future, held, deadline, config),
+                                core: crate::ResponseFuture::new(
+                                    future, held, watch, deadline, config,
+                                ),
                             });
                         }
                         (Collected::Over(data), Some(rest)) => {

@@ -15,7 +15,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use tower_once_core::attempt::Attempt;
+use tower_once_core::attempt::{Attempt, Hedged};
 use tower_once_core::body::BufferedBody;
 use tower_once_core::classify::{Classify, HttpClassifier};
 use tower_once_core::resend::{is_idempotent, stamp_idempotency_key, SafeToRetry};
@@ -99,7 +99,9 @@ where
             idempotent: is_idempotent(req.method())
                 || req.extensions().get::<SafeToRetry>().is_some(),
             keyed: req.headers().contains_key(IDEMPOTENCY_KEY),
-            later_attempt: Attempt::of(&req).is_some_and(|a| !a.is_first()),
+            // A retry's later attempt, a hedge, or a first copy that hedges may join: another
+            // copy may have run on the primary.
+            later_attempt: Attempt::of(&req).is_some_and(|a| !a.is_first()) || Hedged::is_on(&req),
         };
         let config = self.config.local();
         let deadline = deadline_for(&mut req, &config);

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
+use tower_once_core::attempt::Hedged;
 use tower_once_core::body::{BufferedBody, Collected, Collector};
 use tower_once_core::classify::Classify;
 use tower_once_core::shard::Padded;
@@ -155,8 +156,12 @@ where
                                 body: collected.finish(),
                                 _body: PhantomData,
                             };
-                            let first = copies.copy();
+                            let mut first = copies.copy();
                             let plan = plan(&config, &first, || copies, started);
+                            // NOTE: a fallback below learns that copies of this one may run.
+                            if plan.is_some() {
+                                Hedged::mark(&mut first);
+                            }
                             (inner.call(first), plan)
                         }
                         (Collected::Over(data), Some(rest)) => {

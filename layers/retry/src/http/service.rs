@@ -65,8 +65,6 @@ impl<S: std::fmt::Debug, C, H> std::fmt::Debug for HttpRetry<S, C, H> {
     }
 }
 
-/// A request extension that says "this request may be sent more than once" (from
-/// [`tower_once_core::resend`], where the rule every layer applies lives).
 pub use tower_once_core::resend::SafeToRetry;
 
 impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
