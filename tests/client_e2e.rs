@@ -51,6 +51,20 @@ async fn lossy_proxy(upstream: SocketAddr, drop: usize) -> (SocketAddr, Arc<Atom
     (addr, connections)
 }
 
+/// The demo charge server (memory store, memory ledger) on a loopback port.
+async fn demo_server() -> (SocketAddr, app::Ledger) {
+    let ledger = app::Ledger::memory();
+    let router = app::router(
+        tower_once::idempotency::store::MemoryStore::new(),
+        Duration::from_secs(10),
+        ledger.clone(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (server, ledger)
+}
+
 fn run_client(args: &[&str]) -> (bool, String, String, Duration) {
     let started = Instant::now();
     let output = Command::new(support::example_binary("client"))
@@ -67,15 +81,7 @@ fn run_client(args: &[&str]) -> (bool, String, String, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_responses_are_retried_and_charged_exactly_once() {
-    let ledger = app::Ledger::memory();
-    let router = app::router(
-        tower_once::idempotency::store::MemoryStore::new(),
-        Duration::from_secs(10),
-        ledger.clone(),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (server, ledger) = demo_server().await;
     let (proxy, connections) = lossy_proxy(server, 2).await;
 
     let url = format!("http://{proxy}/charges");
@@ -201,15 +207,7 @@ async fn slow_first_proxy(upstream: SocketAddr, delay: Duration) -> (SocketAddr,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hedge_with_the_same_key_cuts_a_slow_path_and_charges_once() {
-    let ledger = app::Ledger::memory();
-    let router = app::router(
-        tower_once::idempotency::store::MemoryStore::new(),
-        Duration::from_secs(10),
-        ledger.clone(),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (server, ledger) = demo_server().await;
     let (proxy, forwarded) = slow_first_proxy(server, Duration::from_secs(2)).await;
 
     let url = format!("http://{proxy}/charges");

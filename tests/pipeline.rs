@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::http;
 use support::pipeline::{eventually, settle, within, Pipeline, DEAD, LIMIT, STREAM};
-use tower_once_test_support::ports::{free_port, wait_for_port};
+use tower_once_test_support::ports::free_port;
 use tower_once_test_support::postgres::Database;
 use tower_once_test_support::redis::RedisServer;
 
@@ -300,19 +300,35 @@ fn two_relays_draining_one_outbox_send_every_row_once() {
 fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
     let redis = RedisServer::start();
     let db = Database::create();
-    let base = free_port();
     let binary = support::example_binary_with("pipeline", "worker outbox postgres");
-    let mut child = Command::new(binary)
-        .args(["all", "--redis", &redis.url(), "--postgres", &db.url()])
-        .args(["--addr", &format!("127.0.0.1:{base}")])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start");
-    for port in [base, base + 1, base + 2] {
-        wait_for_port(port, LIMIT);
-    }
+    // The process listens on three ports from `base`; only the first was found free, so a
+    // test running beside this one may hold the others: then it exits, and it is started
+    // again on other ports.
+    let (mut child, base) = (0..5)
+        .find_map(|_| {
+            let base = free_port();
+            let mut child = Command::new(&binary)
+                .args(["all", "--redis", &redis.url(), "--postgres", &db.url()])
+                .args(["--addr", &format!("127.0.0.1:{base}")])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start");
+            let started = Instant::now();
+            let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            loop {
+                if [base, base + 1, base + 2].into_iter().all(listening) {
+                    return Some((child, base));
+                }
+                if child.try_wait().expect("wait").is_some() {
+                    return None;
+                }
+                assert!(started.elapsed() < LIMIT, "nothing listens on {base}..+2");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .expect("five tries found no three free ports");
     let body = r#"{"text":"all in one","notify":"a@example.com"}"#;
     let (status, _) = http(
         "POST",

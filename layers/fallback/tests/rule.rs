@@ -470,13 +470,7 @@ async fn behind_a_buffer_a_retry_whose_earlier_attempt_was_sent_is_not_unsent() 
             1 => Err(std::io::ErrorKind::ConnectionReset.into()),
             _ => Err(std::io::ErrorKind::ConnectionRefused.into()),
         }));
-    let secondary = tower::service_fn({
-        let s = s.clone();
-        move |_: String| {
-            s.fetch_add(1, SeqCst);
-            async { Ok::<_, tower::BoxError>("charged by B") }
-        }
-    });
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("charged by B")));
     let result = FallbackLayer::new(secondary)
         .layer(primary)
         .oneshot("charge".to_owned())
@@ -509,13 +503,7 @@ async fn behind_a_buffer_a_sent_attempt_then_a_circuit_refusal_is_not_unsent() {
         .service(counting::<String>(p.clone(), |_| {
             Err(std::io::ErrorKind::ConnectionReset.into())
         }));
-    let secondary = tower::service_fn({
-        let s = s.clone();
-        move |_: String| {
-            s.fetch_add(1, SeqCst);
-            async { Ok::<_, tower::BoxError>("charged by B") }
-        }
-    });
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("charged by B")));
     let result = FallbackLayer::new(secondary)
         .layer(primary)
         .oneshot("charge".to_owned())
@@ -1043,13 +1031,7 @@ async fn behind_a_buffer_a_hedged_operation_whose_first_copy_was_sent_stays() {
             1 => (300, Err(std::io::ErrorKind::ConnectionReset)),
             _ => (300, Err(std::io::ErrorKind::ConnectionRefused)),
         }));
-    let secondary = tower::service_fn({
-        let s = s.clone();
-        move |_: String| {
-            s.fetch_add(1, SeqCst);
-            async { Ok::<_, tower::BoxError>("charged by B") }
-        }
-    });
+    let secondary = timed::<String>(s.clone(), |_| (0, Ok("charged by B")));
     let result = FallbackLayer::new(secondary)
         .layer(primary)
         .oneshot("charge".to_owned())
