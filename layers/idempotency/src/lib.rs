@@ -65,6 +65,7 @@
 //! | handler answered 5xx, 408, 425 or 429, or failed | the handler's answer; key released              | next retry runs it |
 //! | handler answered 400, 413, 415 or 422 (validation)    | the handler's answer; key released              | the fixed resend runs it |
 //! | the client went away mid-run                     | the handler finishes on its own task; response stored ([`cancel_on_disconnect`](IdempotencyLayer::cancel_on_disconnect) to drop it instead) | no: the retry is replayed |
+//! | the handler panicked                             | the panic goes on to the caller (hyper ends the connection; tower-http's `CatchPanicLayer` outside answers `500`); the handler's future is never polled again; key released | next retry runs it |
 //! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; not replayable once it ended (released if it failed) | no |
 //! | request body over the limit                      | `413`                                           | no           |
 //! | missing key with `require_key`, malformed key    | `400`                                           | no           |

@@ -12,6 +12,9 @@ use std::task::{ready, Context, Poll};
 pub(super) struct FinishOnDrop<Fut: Unfinished + ?Sized> {
     future: Option<Pin<Box<Fut>>>,
     finish: Option<fn(Pin<Box<Fut>>)>,
+    // Set while the future is polled: still set at drop, the poll unwound (the handler
+    // panicked), and a panicked future is never polled again.
+    polling: bool,
 }
 
 /// A future that knows whether dropping it now would cut work already started, and which
@@ -27,6 +30,7 @@ impl<Fut: Unfinished + Future + Send + ?Sized + 'static> FinishOnDrop<Fut> {
         Self {
             future: Some(future),
             finish: finish.then_some(finish_on_task::<Fut> as fn(Pin<Box<Fut>>)),
+            polling: false,
         }
     }
 }
@@ -44,7 +48,10 @@ impl<Fut: Unfinished + Future + ?Sized> FinishOnDrop<Fut> {
         let Some(future) = self.future.as_mut() else {
             tower_once_core::polled_after_completion("ResponseFuture")
         };
-        let output = ready!(future.as_mut().poll(cx));
+        self.polling = true;
+        let output = future.as_mut().poll(cx);
+        self.polling = false;
+        let output = ready!(output);
         self.future = None;
         Poll::Ready(output)
     }
@@ -52,7 +59,16 @@ impl<Fut: Unfinished + Future + ?Sized> FinishOnDrop<Fut> {
 
 impl<Fut: Unfinished + ?Sized> Drop for FinishOnDrop<Fut> {
     fn drop(&mut self) {
-        if let (Some(future), Some(finish)) = (self.future.take(), self.finish) {
+        let Some(future) = self.future.take() else {
+            return;
+        };
+        if self.polling {
+            // NOTE: the handler panicked. Dropping its future here releases the claim (the
+            // claim's guard does on drop), so the client's retry runs the handler again.
+            tracing::warn!("idempotency handler panicked; releasing its key");
+            return;
+        }
+        if let Some(finish) = self.finish {
             if future.is_unfinished() {
                 finish(future);
             }
