@@ -58,6 +58,19 @@ pub trait Carrier {
     fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
         None
     }
+
+    /// Whether a copy of this request may be sent while an earlier one may still run (a hedge):
+    /// its effect happens once however many copies arrive. The generic hedging layer sends no
+    /// copy of a request that answers `false`.
+    ///
+    /// `true` by default: a request type of yours is the caller's to judge, as with
+    /// `tower::hedge`. An `http::Request` answers with the crate's one rule
+    /// ([`may_resend`](crate::resend::may_resend)): an idempotent method, an `Idempotency-Key`,
+    /// or a [`SafeToRetry`](crate::resend::SafeToRetry) mark; an unkeyed `POST` is never
+    /// hedged, whichever of the hedging layers it meets.
+    fn may_send_twice(&self) -> bool {
+        true
+    }
 }
 
 impl<B> Carrier for http::Request<B> {
@@ -67,6 +80,10 @@ impl<B> Carrier for http::Request<B> {
 
     fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
         Some(http::Request::extensions_mut(self))
+    }
+
+    fn may_send_twice(&self) -> bool {
+        crate::resend::may_resend(self)
     }
 }
 

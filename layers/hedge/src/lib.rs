@@ -12,6 +12,13 @@
 //!   `POST` first, the same on every copy: against a server behind `IdempotencyLayer`, the
 //!   operation runs once, and a copy answered `409` "still in progress" (another copy holds the
 //!   claim) waits for the copy that holds it;
+//! - the generic [`HedgeLayer`] applies the same rule to requests that can tell
+//!   ([`Carrier::may_send_twice`](tower_once_core::carrier::Carrier::may_send_twice)): on an
+//!   `http::Request` it never copies an unkeyed `POST` either;
+//! - a copy can be answered only once the server's handler is reached: against a server behind
+//!   `IdempotencyLayer`, a copy that arrives while another copy's handler runs is answered
+//!   `409` (waited out) and one that arrives after it is replayed, so hedging cuts slowness
+//!   before the handler (a slow replica, a lost packet), never inside the handler itself;
 //! - hedges and retries draw on **one** [`RetryBudget`](tower_once_retry::budget::RetryBudget)
 //!   (pass the retry layer's to [`budget`](HedgeLayer::budget)), as gRPC's hedging shares its
 //!   retry throttle: in an outage, slow answers do not multiply load;

@@ -66,6 +66,11 @@ pub(crate) fn plan<S, C, Req: Carrier, K>(
     if let (Some(budget), None) = (&config.budget, outer) {
         budget.deposit();
     }
+    // NOTE: the one safety rule for every form of the layer (an unkeyed `POST` is never
+    // hedged, even by the generic layer on an `http::Request`).
+    if !req.may_send_twice() {
+        return None;
+    }
     let delay = config.when.delay(now)?;
     let deadline = Deadline::of(req);
     if deadline.is_some_and(|d| d.instant() <= tower_once_core::time::saturating_add(now, delay)) {

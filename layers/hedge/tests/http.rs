@@ -329,3 +329,48 @@ async fn slow_uploads_do_not_inflate_the_percentile_delay() {
         started.elapsed()
     );
 }
+
+/// "A hedge only sends what is safe to send twice", whichever form of the layer: the generic
+/// `HedgeLayer` on an `http::Request<Full<Bytes>>` (it is `Clone`, so it builds) in front of an
+/// `IdempotencyLayer` whose keys are optional hedges a keyed `POST` (one charge: the key is on
+/// both copies) and never an unkeyed one (one copy, one charge).
+#[tokio::test(start_paused = true)]
+async fn the_generic_layer_never_hedges_an_unkeyed_post() {
+    type Plain = Request<tower_once_idempotency::RequestBody<Full<Bytes>>>;
+    let charges = Arc::new(AtomicU32::new(0));
+    let calls = Arc::new(AtomicU32::new(0));
+    let (charged, called) = (charges.clone(), calls.clone());
+    let server = tower_once_idempotency::IdempotencyLayer::new().layer(tower::service_fn(
+        move |_: Plain| {
+            let n = called.fetch_add(1, SeqCst);
+            let charged = charged.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(if n == 0 { 500 } else { 20 })).await;
+                charged.fetch_add(1, SeqCst);
+                let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
+                *res.status_mut() = StatusCode::CREATED;
+                Ok::<_, std::convert::Infallible>(res)
+            }
+        },
+    ));
+    // The HTTP classifier, so that a copy told `409` in progress waits for the other.
+    let hedged = tower_once_hedge::HedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .classify(tower_once_core::classify::HttpClassifier);
+
+    let svc = hedged.clone().layer(server.clone());
+    let res = svc.oneshot(request("POST")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(calls.load(SeqCst), 1, "no copy of an unkeyed POST was sent");
+    assert_eq!(charges.load(SeqCst), 1);
+
+    calls.store(0, SeqCst); // its first copy is slow too: a hedge is sent, and told 409
+    let svc = hedged.layer(server);
+    let mut keyed = request("POST");
+    keyed
+        .headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static("k-1"));
+    let res = svc.oneshot(keyed).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(charges.load(SeqCst), 2, "the keyed POST charged once");
+}
