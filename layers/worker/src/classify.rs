@@ -23,6 +23,7 @@ use tower_once_breaker::BreakerError;
 use tower_once_core::attempt::Refused;
 use tower_once_retry::classify::{Action, Classify};
 use tower_once_retry::RetryError;
+use tower_once_timeout::TimeoutError;
 
 /// Whether an error says no further delivery can help.
 ///
@@ -38,6 +39,11 @@ use tower_once_retry::RetryError;
 /// let plain: BoxError = "timeout".into();
 /// assert!(!plain.is_permanent());
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "the worker cannot tell whether `{Self}` is permanent",
+    label = "`{Self}` does not implement `Permanence`",
+    note = "`impl tower_once_worker::classify::Permanence for {Self}` (which errors no delivery can fix), or return `JobError` from the handler"
+)]
 pub trait Permanence {
     /// `true`: dead-letter now; `false`: leave pending for redelivery.
     fn is_permanent(&self) -> bool;
@@ -92,6 +98,18 @@ fn job_error(error: &BoxError) -> Option<(bool, Option<Duration>)> {
 
 impl<E: Permanence> Permanence for RetryError<E> {
     /// The last attempt's error decides; an operation cut by its deadline is transient.
+    fn is_permanent(&self) -> bool {
+        self.get_inner().is_some_and(Permanence::is_permanent)
+    }
+
+    fn redelivery_delay(&self) -> Option<Duration> {
+        self.get_inner().and_then(Permanence::redelivery_delay)
+    }
+}
+
+impl<E: Permanence> Permanence for TimeoutError<E> {
+    /// An attempt cut by its timeout is transient (the next delivery may be faster); the inner
+    /// error decides otherwise.
     fn is_permanent(&self) -> bool {
         self.get_inner().is_some_and(Permanence::is_permanent)
     }

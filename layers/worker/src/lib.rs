@@ -62,6 +62,37 @@
 //! open the worker fetches nothing; only its probes are delivered, one at a time, so an outage
 //! far longer than `max_deliveries × claim_idle` dead-letters nothing.
 //!
+//! The recommended handler stack, outermost first: the gating breaker, a retry inside the
+//! delivery, a timeout per attempt, the job. Every error on the way keeps its
+//! [`Permanence`](classify::Permanence) (a timeout is transient; the job's own error decides
+//! otherwise), so [`JobClassifier`](classify::JobClassifier) reads it through the layers:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_once_breaker::CircuitBreakerLayer;
+//! use tower_once_retry::RetryLayer;
+//! use tower_once_timeout::TimeoutLayer;
+//! use tower_once_worker::{classify::JobClassifier, Job, JobError, Worker, WorkerConfig};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let handler = ServiceBuilder::new()
+//!     .layer(CircuitBreakerLayer::new().gate_readiness(true))
+//!     .layer(RetryLayer::new().classify(JobClassifier).max_attempts(3))
+//!     .layer(TimeoutLayer::new(Duration::from_secs(2)))
+//!     .service_fn(|job: Job| async move {
+//!         println!("sending mail for {}", job.job_id());
+//!         Ok::<_, JobError>(())
+//!     });
+//! let config = WorkerConfig::new("{jobs}", "mailers");
+//! let worker = Worker::connect("redis://127.0.0.1:6379", config, handler)?;
+//! let report = worker.run(std::future::pending::<()>()).await;
+//! # let _ = report;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Delivery counts come from Redis, not memory, so they survive crashes. Dead letters carry
 //! `job_id`, `payload`, `reason`, `deliveries`, `stream_id`, `error`, `consumer`, `dead_at`
 //! ([`dead_letter`]). On Redis Cluster, give the stream a hash tag (`{jobs}`) so
