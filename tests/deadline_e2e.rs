@@ -335,7 +335,7 @@ async fn a_user_classifier_that_retries_409s_still_never_returns_the_409() {
         .into_http()
         .layer(
             Client::builder(TokioExecutor::new())
-                .build_http::<tower_once::retry::http::ReplayBody<Full<Bytes>>>(),
+                .build_http::<tower_once::retry::http::BufferedBody<Full<Bytes>>>(),
         );
     let outcome = client
         .oneshot(

@@ -14,9 +14,9 @@ use support::{Dependency, Health};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_once_breaker::{CircuitBreakerLayer, CircuitState};
 use tower_once_core::backoff::{Backoff, Jitter};
+use tower_once_core::body::BufferedBody as ReplayBody;
 use tower_once_core::unsent::Unsent;
 use tower_once_retry::budget::RetryBudget;
-use tower_once_retry::http::ReplayBody;
 use tower_once_retry::{GiveUp, RetryLayer};
 
 fn fixed(secs: u64) -> Backoff {

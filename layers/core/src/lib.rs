@@ -5,7 +5,8 @@
 //! never panics.
 //!
 //! Users meet these through the layers: [`body::BufferedBody`] as
-//! `tower_once_idempotency::{RequestBody, ResponseBody}` and `tower_once_retry::http::ReplayBody`,
+//! `tower_once_idempotency::{RequestBody, ResponseBody}` and the request body below the HTTP
+//! client layers (`tower_once_retry::http::BufferedBody`),
 //! [`grpc::Code`] as `tower_once_idempotency::problem::Code`, [`carrier::Carrier`] as
 //! `tower_once_timeout::Carrier`. So this crate follows semantic versioning as they do: a
 //! breaking change to anything public here is a breaking change of the layers, released with
@@ -23,6 +24,7 @@ pub mod carrier;
 pub mod chain;
 pub mod classify;
 pub mod outage;
+pub mod replay;
 pub mod resend;
 pub mod shard;
 pub mod slots;

@@ -49,9 +49,18 @@ pub fn is_idempotent(method: &Method) -> bool {
 
 /// Whether `req` may be sent more than once. See the [module docs](self).
 pub fn may_resend<B>(req: &Request<B>) -> bool {
-    is_idempotent(req.method())
-        || req.headers().contains_key(IDEMPOTENCY_KEY)
-        || req.extensions().get::<SafeToRetry>().is_some()
+    may_resend_parts(req.method(), req.headers(), req.extensions())
+}
+
+/// [`may_resend`] over a request's parts.
+pub(crate) fn may_resend_parts(
+    method: &Method,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+) -> bool {
+    is_idempotent(method)
+        || headers.contains_key(IDEMPOTENCY_KEY)
+        || extensions.get::<SafeToRetry>().is_some()
 }
 
 /// Gives an unkeyed `POST` or `PATCH` (not marked [`SafeToRetry`]) a fresh `Idempotency-Key`,

@@ -57,7 +57,7 @@ impl Default for Settings {
             header: IDEMPOTENCY_KEY,
             max_key_len: crate::key::DEFAULT_MAX_KEY_LEN,
             require_key: false,
-            body_limit: 1024 * 1024,
+            body_limit: tower_once_core::replay::DEFAULT_BODY_LIMIT,
             response_limit: DEFAULT_RESPONSE_LIMIT,
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(24 * 3600),

@@ -4,7 +4,7 @@
 //! Two adapters, one at each end of the stack:
 //!
 //! - [`TonicBodyLayer`], right above the `Channel`: the HTTP retry layer sends
-//!   [`ReplayBody`](crate::http::ReplayBody)s and the timeout layer passes them on, while a
+//!   [`BufferedBody`](tower_once_core::body::BufferedBody)s and the timeout layer passes them on, while a
 //!   `Channel` takes `tonic::body::Body`.
 //! - [`GrpcStatusLayer`], on top: turns the stack's typed errors into a `tonic::Status`, so a
 //!   call cut by the per-attempt timeout or the operation's deadline reaches the caller as

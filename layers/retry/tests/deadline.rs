@@ -400,7 +400,7 @@ async fn generic_nested_retry_through_a_spawn_multiplies() {
     assert_eq!(calls.load(SeqCst), 4, "4 attempts, not 4 x 4");
 }
 
-type HttpReq = tower_once_retry::http::ReplayBody<Full<Bytes>>;
+type HttpReq = tower_once_core::body::BufferedBody<Full<Bytes>>;
 
 /// The HTTP form through `tokio::spawn` (the extension crosses).
 #[tokio::test(start_paused = true)]
@@ -408,7 +408,7 @@ async fn http_nested_retry_through_a_spawn_defers() {
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
     let upstream = tower::service_fn(
-        move |_req: Request<tower_once_retry::http::ReplayBody<HttpReq>>| {
+        move |_req: Request<tower_once_core::body::BufferedBody<HttpReq>>| {
             counted.fetch_add(1, SeqCst);
             async {
                 let mut res = Response::new(Full::new(Bytes::new()));
@@ -419,7 +419,7 @@ async fn http_nested_retry_through_a_spawn_defers() {
     );
     let inner = RetryLayer::new().no_budget().into_http().layer(upstream);
     let spawning = tower::service_fn(
-        move |req: Request<tower_once_retry::http::ReplayBody<Full<Bytes>>>| {
+        move |req: Request<tower_once_core::body::BufferedBody<Full<Bytes>>>| {
             let inner = inner.clone();
             async move { tokio::spawn(inner.oneshot(req)).await.unwrap() }
         },
@@ -485,7 +485,7 @@ async fn a_stalled_request_body_is_inside_the_deadline() {
     type Frames =
         futures_util::stream::BoxStream<'static, Result<http_body::Frame<Bytes>, Infallible>>;
     let ok = tower::service_fn(
-        |_req: Request<tower_once_retry::http::ReplayBody<http_body_util::StreamBody<Frames>>>| async {
+        |_req: Request<tower_once_core::body::BufferedBody<http_body_util::StreamBody<Frames>>>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
         },
     );

@@ -9,7 +9,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::{Layer, ServiceExt};
-use tower_once_retry::http::{HttpRetryLayer, ReplayBody};
+use tower_once_core::body::BufferedBody as ReplayBody;
+use tower_once_retry::http::HttpRetryLayer;
 use tower_once_timeout::Deadline;
 
 type Frames = std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>;

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::get;
 use tower::{Layer, Service, ServiceExt};
-use tower_once_retry::http::ReplayBody;
+use tower_once_core::body::BufferedBody as ReplayBody;
 use tower_once_retry::RetryLayer;
 use tower_once_timeout::Deadline;
 

@@ -8,7 +8,6 @@ use crate::future::Held;
 use crate::hook::OnFallback;
 use crate::rule::Facts;
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -16,10 +15,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use tokio::time::Sleep;
 use tower_once_core::attempt::CopyWatch;
-use tower_once_core::body::{BufferedBody, Collected, Collector};
+use tower_once_core::body::BufferedBody;
 use tower_once_core::classify::Classify;
+use tower_once_core::replay::{Read, ReadForReplay};
 use tower_once_core::shard::Padded;
 use tower_once_core::unsent::Unsent;
 use tower_once_timeout::Deadline;
@@ -28,11 +27,9 @@ use tower_service::Service;
 /// What the operation needs once the request body is read.
 pub(super) struct Pending<P, T, C, H> {
     pub(super) primary: P,
-    pub(super) parts: Parts,
     pub(super) facts: Facts,
     pub(super) deadline: Option<Deadline>,
     pub(super) config: Arc<Padded<Config<Secondary<T>, C, H>>>,
-    pub(super) limit: usize,
 }
 
 type Req<B> = Request<BufferedBody<B>>;
@@ -49,18 +46,16 @@ pin_project! {
         B: Body,
     {
         #[pin]
-        state: HttpState<P::Future, Core<P, T, B, C, H>, B>,
-        // The deadline while the body is read.
-        #[pin]
-        cutoff: Option<Sleep>,
+        state: HttpState<P::Future, Core<P, T, B, C, H>, ReadForReplay<B>>,
         pending: Option<Pending<P, T, C, H>>,
     }
 }
 
 pin_project! {
     #[project = HttpStateProj]
-    enum HttpState<PF, CF, B> {
-        Reading { body: Option<Pin<Box<B>>>, collected: Collector },
+    enum HttpState<PF, CF, Rd> {
+        // The body, read for the secondary, within the deadline.
+        Reading { #[pin] read: Rd },
         Running { #[pin] core: CF },
         // The primary only: the body could not be read for a copy.
         Once { #[pin] future: PF },
@@ -74,27 +69,12 @@ where
     T::Response: Markable,
     B: Body,
 {
-    pub(super) fn new(body: B, pending: Pending<P, T, C, H>) -> Self {
+    pub(super) fn new(read: ReadForReplay<B>, pending: Pending<P, T, C, H>) -> Self {
         Self {
-            state: HttpState::Reading {
-                body: Some(Box::pin(body)),
-                collected: Collector::default(),
-            },
-            cutoff: None,
+            state: HttpState::Reading { read },
             pending: Some(pending),
         }
     }
-}
-
-/// The request again, for the secondary: the same parts and bytes.
-fn copy_of<B: Body>(parts: &Parts, bytes: Bytes) -> Req<B> {
-    let mut req = Request::new(BufferedBody::full(bytes));
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = parts.uri.clone();
-    *req.version_mut() = parts.version;
-    *req.headers_mut() = parts.headers.clone();
-    *req.extensions_mut() = parts.extensions.clone();
-    req
 }
 
 /// Calls the primary, inside the deadline's scope.
@@ -128,51 +108,24 @@ where
                 HttpStateProj::Once { future } => {
                     return future.poll(cx).map_err(FallbackError::primary)
                 }
-                HttpStateProj::Reading { body, collected } => {
-                    let (Some(stream), Some(pending)) = (body.as_mut(), this.pending.as_ref())
-                    else {
-                        tower_once_core::polled_after_completion("HttpFallback's ResponseFuture");
-                    };
-                    // Request trailers are not kept.
-                    let mut trailers = None;
-                    let Poll::Ready(outcome) =
-                        collected.poll_collect(stream.as_mut(), pending.limit, &mut trailers, cx)
-                    else {
-                        // A body that stalls is still inside the deadline.
-                        let Some(deadline) = pending.deadline else {
-                            return Poll::Pending;
-                        };
-                        if this.cutoff.is_none() {
-                            this.cutoff
-                                .set(Some(tokio::time::sleep_until(deadline.instant())));
-                        }
-                        if let Some(cutoff) = this.cutoff.as_mut().as_pin_mut() {
-                            ready!(cutoff.poll(cx));
-                        }
-                        *this.pending = None;
-                        body.take();
-                        return Poll::Ready(Err(FallbackError::deadline()));
-                    };
+                HttpStateProj::Reading { read } => {
+                    let read = ready!(read.poll(cx));
                     let Some(Pending {
                         mut primary,
-                        parts,
                         facts,
                         deadline,
                         config,
-                        ..
                     }) = this.pending.take()
                     else {
                         tower_once_core::polled_after_completion("HttpFallback's ResponseFuture");
                     };
-                    let collected = std::mem::take(collected);
-                    match (outcome, body.take()) {
-                        (Collected::Complete, _) => {
-                            let bytes = collected.finish();
+                    match read {
+                        Read::Whole(replay) => {
                             let held = Held {
-                                request: copy_of(&parts, bytes.clone()),
+                                request: replay.copy(),
                                 facts,
                             };
-                            let mut req = Request::from_parts(parts, BufferedBody::full(bytes));
+                            let mut req = replay.into_request();
                             let watch = CopyWatch::attach(&mut req);
                             let future = call(&mut primary, req, deadline);
                             this.state.set(HttpState::Running {
@@ -181,24 +134,12 @@ where
                                 ),
                             });
                         }
-                        (Collected::Over(data), Some(rest)) => {
-                            tracing::debug!("request body over the limit: the primary only");
-                            let body = BufferedBody::prefixed(collected.finish_with(data), rest);
-                            let future =
-                                call(&mut primary, Request::from_parts(parts, body), deadline);
+                        Read::Once(req) => {
+                            tracing::debug!("request body not read whole: the primary only");
+                            let future = call(&mut primary, req, deadline);
                             this.state.set(HttpState::Once { future });
                         }
-                        (Collected::Failed(error), _) => {
-                            // NOTE: never a truncated body passed off as complete: the primary
-                            // sees the bytes read so far, then the error.
-                            let body = BufferedBody::failed(collected.finish(), error);
-                            let future =
-                                call(&mut primary, Request::from_parts(parts, body), deadline);
-                            this.state.set(HttpState::Once { future });
-                        }
-                        (Collected::Over(_), None) => tower_once_core::polled_after_completion(
-                            "HttpFallback's ResponseFuture",
-                        ),
+                        Read::Elapsed(_) => return Poll::Ready(Err(FallbackError::deadline())),
                     }
                 }
             }

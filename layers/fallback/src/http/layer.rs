@@ -32,7 +32,7 @@ impl<T, C, H> FallbackLayer<T, C, H> {
     pub fn into_http(self) -> HttpFallbackLayer<T, C, H> {
         HttpFallbackLayer {
             fallback: self,
-            body_limit: 1024 * 1024,
+            body_limit: tower_once_core::replay::DEFAULT_BODY_LIMIT,
             stamp: false,
         }
     }

@@ -35,3 +35,6 @@ mod service;
 pub use self::future::ResponseFuture;
 pub use self::layer::HttpFallbackLayer;
 pub use self::service::{FromSecondary, HttpFallback, MarkFuture, Markable, Secondary};
+/// The request body the inner service receives: the bytes read (sent again as often as
+/// needed), or the original body for a request sent once.
+pub use tower_once_core::body::BufferedBody;

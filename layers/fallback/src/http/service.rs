@@ -18,6 +18,7 @@ use std::task::{ready, Context, Poll};
 use tower_once_core::attempt::{Attempt, Hedged};
 use tower_once_core::body::BufferedBody;
 use tower_once_core::classify::{Classify, HttpClassifier};
+use tower_once_core::replay::ReadForReplay;
 use tower_once_core::resend::{is_idempotent, stamp_idempotency_key, SafeToRetry};
 use tower_once_core::shard::PerThread;
 use tower_once_core::unsent::Unsent;
@@ -107,16 +108,18 @@ where
         let deadline = deadline_for(&mut req, &config);
         let clone = self.primary.clone();
         let primary = std::mem::replace(&mut self.primary, clone);
-        let (parts, body) = req.into_parts();
+        let read = ReadForReplay::new(
+            req,
+            self.body_limit,
+            deadline.map(tower_once_timeout::Deadline::instant),
+        );
         ResponseFuture::new(
-            body,
+            read,
             Pending {
                 primary,
-                parts,
                 facts,
                 deadline,
                 config,
-                limit: self.body_limit,
             },
         )
     }

@@ -38,7 +38,7 @@ impl<C> HedgeLayer<C> {
     pub fn into_http(self) -> HttpHedgeLayer<C> {
         HttpHedgeLayer {
             hedge: self,
-            body_limit: 1024 * 1024,
+            body_limit: tower_once_core::replay::DEFAULT_BODY_LIMIT,
             stamp: false,
         }
     }

@@ -25,6 +25,9 @@ mod future;
 mod layer;
 mod service;
 
-pub use self::future::{HttpCopies, ResponseFuture};
+pub use self::future::ResponseFuture;
 pub use self::layer::HttpHedgeLayer;
 pub use self::service::HttpHedge;
+/// The request body the inner service receives: the bytes read (sent again as often as
+/// needed), or the original body for a request sent once.
+pub use tower_once_core::body::BufferedBody;

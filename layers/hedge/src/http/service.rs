@@ -10,8 +10,10 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_once_core::body::BufferedBody;
 use tower_once_core::classify::{Classify, HttpClassifier};
+use tower_once_core::replay::ReadForReplay;
 use tower_once_core::resend::{may_resend, stamp_idempotency_key};
 use tower_once_core::shard::PerThread;
+use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 /// Middleware built by [`HttpHedgeLayer`](super::HttpHedgeLayer).
@@ -90,15 +92,12 @@ where
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = req.into_parts();
+        // NOTE: a body that stalls is cut at the deadline the request carries: from then on
+        // the request goes down once, unhedged, for the layers below to end.
+        let deadline = Deadline::of(&req).map(Deadline::instant);
         ResponseFuture::reading(
-            body,
-            Reading {
-                inner,
-                parts,
-                config,
-                limit: self.body_limit,
-            },
+            ReadForReplay::new(req, self.body_limit, deadline),
+            Reading { inner, config },
         )
     }
 }

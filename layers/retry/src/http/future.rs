@@ -1,6 +1,6 @@
-//! The response future: buffering the body, then one attempt or a retried operation.
+//! The response future: reading the body, then one attempt or a retried operation.
 
-use super::replay::{Rebuild, ReplayBody, ReplayRequest};
+use super::replay::Rebuild;
 use crate::attempt::call_once;
 use crate::classify::Classify;
 use crate::config::SharedConfig;
@@ -15,16 +15,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::time::{Instant, Sleep};
-use tower_once_core::body::{Collected, Collector};
+use tower_once_core::body::BufferedBody;
+use tower_once_core::replay::{Read, ReadForReplay, ReplayRequest};
 use tower_once_timeout::Deadline;
 use tower_service::Service;
 
-/// What an operation needs once its request body is buffered.
+/// What an operation needs once its request body is read.
 pub(super) struct Pending<S, C, H> {
     pub(super) service: S,
-    pub(super) template: ReplayRequest,
     pub(super) config: SharedConfig<C, H>,
-    pub(super) limit: usize,
     pub(super) deadline: Deadline,
 }
 
@@ -35,13 +34,10 @@ pin_project! {
     pub struct ResponseFuture<S, B, C, H>
     where
         B: Body,
-        S: Service<Request<ReplayBody<B>>>,
+        S: Service<Request<BufferedBody<B>>>,
     {
         #[pin]
-        state: HttpState<S::Future, B, Core<S, B, C, H>>,
-        // The operation's deadline while the request body is being buffered.
-        #[pin]
-        cutoff: Option<Sleep>,
+        state: HttpState<S::Future, ReadForReplay<B>, Core<S, B, C, H>>,
         pending: Option<Pending<S, C, H>>,
         // For the error: the key every attempt carried, and when the operation was called.
         key: Option<HeaderValue>,
@@ -51,8 +47,9 @@ pin_project! {
 
 pin_project! {
     #[project = HttpStateProj]
-    enum HttpState<F, B, R> {
-        Buffering { body: Option<Pin<Box<B>>>, collected: Collector },
+    enum HttpState<F, Rd, R> {
+        // The body, read so that it can be sent again, within the operation's deadline.
+        Reading { #[pin] read: Rd },
         Retrying { #[pin] core: R },
         // One attempt, still bound by the operation's deadline.
         Once { #[pin] future: F, #[pin] cutoff: Sleep },
@@ -62,7 +59,7 @@ pin_project! {
 impl<S, B, C, H> ResponseFuture<S, B, C, H>
 where
     B: Body,
-    S: Service<Request<ReplayBody<B>>>,
+    S: Service<Request<BufferedBody<B>>>,
 {
     pub(super) fn once(future: S::Future, deadline: Deadline, started: Started) -> Self {
         Self {
@@ -70,20 +67,19 @@ where
                 future,
                 cutoff: tokio::time::sleep_until(deadline.instant()),
             },
-            cutoff: None,
             pending: None,
             key: started.key,
             started: started.at,
         }
     }
 
-    pub(super) fn buffering(body: B, pending: Pending<S, C, H>, started: Started) -> Self {
+    pub(super) fn reading(
+        read: ReadForReplay<B>,
+        pending: Pending<S, C, H>,
+        started: Started,
+    ) -> Self {
         Self {
-            state: HttpState::Buffering {
-                body: Some(Box::pin(body)),
-                collected: Collector::default(),
-            },
-            cutoff: None,
+            state: HttpState::Reading { read },
             pending: Some(pending),
             key: started.key,
             started: started.at,
@@ -93,7 +89,6 @@ where
     pub(super) fn retrying(core: Core<S, B, C, H>, started: Started) -> Self {
         Self {
             state: HttpState::Retrying { core },
-            cutoff: None,
             pending: None,
             key: started.key,
             started: started.at,
@@ -111,7 +106,7 @@ pub(super) struct Started {
 impl<S, B, C, H> ResponseFuture<S, B, C, H>
 where
     B: Body,
-    S: Service<Request<ReplayBody<B>>>,
+    S: Service<Request<BufferedBody<B>>>,
 {
     /// The operation's error, with the key its attempts carried.
     fn error<E>(key: &Option<HeaderValue>, error: RetryError<E>) -> RetryError<E> {
@@ -124,7 +119,7 @@ where
 
 impl<S, B, ResB, C, H> Future for ResponseFuture<S, B, C, H>
 where
-    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>>,
+    S: Service<Request<BufferedBody<B>>, Response = Response<ResB>>,
     B: Body<Data = Bytes>,
     C: Classify<Response<ResB>, S::Error>,
     H: OnRetry<Response<ResB>, S::Error>,
@@ -157,52 +152,18 @@ where
                     let error = RetryError::deadline(1).with_elapsed(elapsed());
                     return Poll::Ready(Err(Self::error(this.key, error)));
                 }
-                HttpStateProj::Buffering { body, collected } => {
-                    let (Some(stream), Some(pending)) = (body.as_mut(), this.pending.as_ref())
-                    else {
-                        panic!("ResponseFuture polled after completion");
-                    };
-                    // Request trailers are not replayed.
-                    let mut trailers = None;
-                    let Poll::Ready(outcome) =
-                        collected.poll_collect(stream.as_mut(), pending.limit, &mut trailers, cx)
-                    else {
-                        // A request body that stalls is still inside the deadline.
-                        if this.cutoff.is_none() {
-                            let until = pending.deadline.instant();
-                            this.cutoff.set(Some(tokio::time::sleep_until(until)));
-                        }
-                        if let Some(cutoff) = this.cutoff.as_mut().as_pin_mut() {
-                            ready!(cutoff.poll(cx));
-                        }
-                        *this.pending = None;
-                        body.take();
-                        let error = RetryError::deadline(0).with_elapsed(this.started.elapsed());
-                        return Poll::Ready(Err(Self::error(this.key, error)));
-                    };
+                HttpStateProj::Reading { read } => {
+                    let read = ready!(read.poll(cx));
                     let Some(Pending {
                         service,
-                        template,
                         config,
                         deadline,
-                        ..
                     }) = this.pending.take()
                     else {
-                        panic!("ResponseFuture polled after completion");
+                        tower_once_core::polled_after_completion("HttpRetry's ResponseFuture");
                     };
-                    let collected = std::mem::take(collected);
-                    let once = |body: ReplayBody<B>, service: S, template: ReplayRequest| {
-                        let stats = &config.settings.stats;
-                        stats.operation();
-                        stats.attempt();
-                        call_once(service, template.into_request(body), deadline)
-                    };
-                    match (outcome, body.take()) {
-                        (Collected::Complete, _) => {
-                            let replay = ReplayRequest {
-                                body: collected.finish(),
-                                ..template
-                            };
+                    let req = match read {
+                        Read::Whole(replay) => {
                             this.state.set(HttpState::Retrying {
                                 core: crate::ResponseFuture::new(Operation::start(
                                     Rebuild::new(service),
@@ -212,31 +173,22 @@ where
                                     false,
                                 )),
                             });
+                            continue;
                         }
-                        (Collected::Over(data), Some(rest)) => {
-                            tracing::debug!("request body over the replay limit: one attempt");
-                            let body = ReplayBody::prefixed(collected.finish_with(data), rest);
-                            let future = once(body, service, template);
-                            this.state.set(HttpState::Once {
-                                future,
-                                cutoff: tokio::time::sleep_until(deadline.instant()),
-                            });
+                        Read::Once(req) => req,
+                        Read::Elapsed(_) => {
+                            let error =
+                                RetryError::deadline(0).with_elapsed(this.started.elapsed());
+                            return Poll::Ready(Err(Self::error(this.key, error)));
                         }
-                        (Collected::Failed(error), _) => {
-                            // NOTE: never pass a truncated body off as complete, nor replay it:
-                            // the inner service sees the bytes read so far, then the error.
-                            tracing::debug!("request body failed while buffering: one attempt");
-                            let body = ReplayBody::failed(collected.finish(), error);
-                            let future = once(body, service, template);
-                            this.state.set(HttpState::Once {
-                                future,
-                                cutoff: tokio::time::sleep_until(deadline.instant()),
-                            });
-                        }
-                        (Collected::Over(_), None) => {
-                            panic!("ResponseFuture polled after completion")
-                        }
-                    }
+                    };
+                    let stats = &config.settings.stats;
+                    stats.operation();
+                    stats.attempt();
+                    this.state.set(HttpState::Once {
+                        future: call_once(service, req, deadline),
+                        cutoff: tokio::time::sleep_until(deadline.instant()),
+                    });
                 }
             }
         }

@@ -41,7 +41,7 @@ impl<C, H> RetryLayer<C, H> {
     pub fn into_http(self) -> HttpRetryLayer<C, H> {
         HttpRetryLayer {
             retry: self,
-            body_limit: 1024 * 1024,
+            body_limit: tower_once_core::replay::DEFAULT_BODY_LIMIT,
             stamp: false,
         }
     }

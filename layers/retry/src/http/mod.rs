@@ -42,5 +42,7 @@ mod service;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::{HttpRetryLayer, IDEMPOTENCY_KEY};
-pub use self::replay::{Rebuild, ReplayBody, ReplayRequest};
 pub use self::service::{HttpRetry, SafeToRetry};
+/// The request body the inner service receives: the bytes read (sent again as often as
+/// needed), or the original body for a request sent once.
+pub use tower_once_core::body::BufferedBody;

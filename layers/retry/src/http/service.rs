@@ -1,7 +1,7 @@
 //! The middleware: which requests are retried, and how an operation starts.
 
 use super::future::{Pending, ResponseFuture, Started};
-use super::replay::{Rebuild, ReplayBody, ReplayRequest};
+use super::replay::Rebuild;
 use crate::attempt::{call_once, is_marked};
 use crate::classify::{Classify, HttpClassifier, HttpDefault};
 use crate::config::Config;
@@ -12,6 +12,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use std::task::{Context, Poll};
+use tower_once_core::body::BufferedBody;
+use tower_once_core::replay::ReadForReplay;
 use tower_once_core::resend::{may_resend, stamp_idempotency_key};
 use tower_once_core::shard::PerThread;
 use tower_once_core::time::saturating_add;
@@ -69,7 +71,7 @@ pub use tower_once_core::resend::SafeToRetry;
 
 impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
 where
-    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>> + Clone,
+    S: Service<Request<BufferedBody<B>>, Response = Response<ResB>> + Clone,
     B: Body<Data = Bytes>,
     C: Classify<Response<ResB>, S::Error>,
     H: OnRetry<Response<ResB>, S::Error>,
@@ -97,7 +99,7 @@ where
             let clone = self.inner.clone();
             let service = std::mem::replace(&mut self.inner, clone);
             let started = started(&req);
-            let req = req.map(ReplayBody::streaming);
+            let req = req.map(BufferedBody::streaming);
             return ResponseFuture::once(call_once(service, req, deadline), deadline, started);
         }
         // NOTE: a request marked safe to retry gets no key: it may go to a provider that
@@ -114,44 +116,33 @@ where
             stats.operation();
             stats.attempt();
             return ResponseFuture::once(
-                call_once(service, req.map(ReplayBody::streaming), deadline),
+                call_once(service, req.map(BufferedBody::streaming), deadline),
                 deadline,
                 started,
             );
         }
-        let (parts, body) = req.into_parts();
-        let template = ReplayRequest {
-            method: parts.method,
-            uri: parts.uri,
-            version: parts.version,
-            headers: parts.headers,
-            extensions: parts.extensions,
-            body: Bytes::new(),
-        };
         let config = self.config.local();
-        if body.is_end_stream() {
-            return ResponseFuture::retrying(
+        match ReadForReplay::ended(req) {
+            Ok(replay) => ResponseFuture::retrying(
                 crate::ResponseFuture::new(Operation::start(
                     Rebuild::new(service),
-                    template,
+                    replay,
                     config,
                     Some(deadline),
                     false,
                 )),
                 started,
-            );
+            ),
+            Err(req) => ResponseFuture::reading(
+                ReadForReplay::new(req, self.body_limit, Some(deadline.instant())),
+                Pending {
+                    service,
+                    config,
+                    deadline,
+                },
+                started,
+            ),
         }
-        ResponseFuture::buffering(
-            body,
-            Pending {
-                service,
-                template,
-                config,
-                limit: self.body_limit,
-                deadline,
-            },
-            started,
-        )
     }
 }
 
