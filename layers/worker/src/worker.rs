@@ -19,6 +19,7 @@ use std::task::Context;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_util::task::AbortOnDropHandle;
 use tower_once_core::slots::Slots;
 use tower_once_retry::classify::Classify;
 use tower_service::Service;
@@ -157,7 +158,7 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         let concurrency = config.concurrency;
         let slots = Slots::new(concurrency);
         let (acks, ack_rx) = mpsc::channel(concurrency);
-        let mut acker = AbortOnDrop(tokio::spawn(consume::ack_loop(
+        let mut acker = AbortOnDropHandle::new(tokio::spawn(consume::ack_loop(
             self.conn.clone(),
             config.clone(),
             ack_rx,
@@ -172,7 +173,8 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             claim_at: Mutex::new(std::collections::BinaryHeap::new()),
         });
         // Both helpers end with this future, even when it is dropped rather than finished.
-        let mut refresher = AbortOnDrop(tokio::spawn(consume::refresh_loop(ctx.clone())));
+        let mut refresher =
+            AbortOnDropHandle::new(tokio::spawn(consume::refresh_loop(ctx.clone())));
         let mut tasks = JoinSet::new();
         let mut report = RunReport::default();
         let mut fetch = Fetch::new(self.reader);
@@ -253,12 +255,12 @@ impl<S, C, Conn> Worker<S, C, Conn> {
             }
         }
         drain(&mut tasks, &mut report, ctx.config.shutdown_grace).await;
-        refresher.0.abort();
-        let _ = (&mut refresher.0).await;
+        refresher.abort();
+        let _ = (&mut refresher).await;
         let command_timeout = ctx.config.command_timeout;
         drop(ctx);
         // Every sender is gone now: the acker sends what it holds and ends.
-        let _ = tokio::time::timeout(command_timeout * 2, &mut acker.0).await;
+        let _ = tokio::time::timeout(command_timeout * 2, &mut acker).await;
         report
     }
 }
@@ -298,15 +300,6 @@ fn still_ready<S: Service<Req>, Req>(service: &mut S) -> bool {
 fn is_ready<F: Future<Output = ()>>(future: Pin<&mut F>) -> bool {
     let mut cx = Context::from_waker(std::task::Waker::noop());
     future.poll(&mut cx).is_ready()
-}
-
-/// Aborts a helper task when the run future is dropped mid-way.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Waits for in-flight jobs up to `grace`, then drops the rest (left pending).
