@@ -150,6 +150,7 @@ mod circuit;
 mod config;
 mod error;
 mod future;
+mod guard;
 mod handle;
 pub mod hook;
 pub mod key;

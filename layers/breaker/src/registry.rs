@@ -1,4 +1,6 @@
-//! The circuits of one layer: its default circuit, and at most `max_circuits` keyed ones.
+//! The circuits of one layer: its default circuit, and at most `max_circuits` keyed ones; and
+//! what each service and future holds of its layer ([`Config`]: the key, the classifier, the
+//! registry).
 //!
 //! Each thread looks keys up in a cache of its own (one of eight, as the retry budget's
 //! shards), so a hot key read by every core contends for no lock: the read lock it takes is on
@@ -14,6 +16,7 @@
 use crate::circuit::Circuit;
 use crate::config::Policy;
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use tokio::time::Instant;
 use tower_once_core::shard::{index, Padded, PerThread, SHARDS};
@@ -183,5 +186,32 @@ impl Registry {
         all.extend(global.map.values().map(|c| c.get().clone()));
         all.push(self.overflow.get().clone());
         all
+    }
+}
+
+/// What a service and its futures hold of their layer: its thread's copy (see
+/// [`PerThread`]).
+pub(crate) struct Config<K, C> {
+    pub(crate) key: K,
+    pub(crate) classifier: C,
+    pub(crate) registry: Arc<Registry>,
+}
+
+impl<K: Clone, C: Clone> Clone for Config<K, C> {
+    fn clone(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            classifier: self.classifier.clone(),
+            registry: self.registry.clone(),
+        }
+    }
+}
+
+impl<K, C> fmt::Debug for Config<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("key", &std::any::type_name::<K>())
+            .field("classifier", &std::any::type_name::<C>())
+            .finish_non_exhaustive()
     }
 }

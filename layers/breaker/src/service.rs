@@ -2,13 +2,13 @@
 
 use crate::circuit::{Admitted, Circuit};
 use crate::error::{BreakerError, CircuitOpen};
-use crate::future::{Guard, ResponseFuture};
+use crate::future::ResponseFuture;
+use crate::guard::Guard;
 use crate::key::CircuitKey;
-use crate::registry::Registry;
+use crate::registry::Config;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
@@ -18,33 +18,6 @@ use tower_once_core::classify::Classify;
 use tower_once_core::shard::PerThread;
 use tower_once_timeout::Deadline;
 use tower_service::Service;
-
-/// What a service and its futures hold of their layer: its thread's copy (see
-/// [`PerThread`]).
-pub(crate) struct Config<K, C> {
-    pub(crate) key: K,
-    pub(crate) classifier: C,
-    pub(crate) registry: Arc<Registry>,
-}
-
-impl<K: Clone, C: Clone> Clone for Config<K, C> {
-    fn clone(&self) -> Self {
-        Self {
-            key: self.key.clone(),
-            classifier: self.classifier.clone(),
-            registry: self.registry.clone(),
-        }
-    }
-}
-
-impl<K, C> fmt::Debug for Config<K, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("key", &std::any::type_name::<K>())
-            .field("classifier", &std::any::type_name::<C>())
-            .finish_non_exhaustive()
-    }
-}
 
 /// How often a gated service looks again at a half-open circuit whose probes are all taken.
 const HALF_OPEN_RECHECK: Duration = Duration::from_millis(50);

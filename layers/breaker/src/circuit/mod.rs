@@ -5,16 +5,18 @@
 //! mutex only one transition at a time holds, so the break's end and the half-open start are
 //! written before the new state is published; no call ever waits on it in the closed state.
 
+mod idle;
+mod transition;
 pub(crate) mod window;
 pub(crate) mod word;
 
 use self::window::Window;
 use self::word::Word;
 use crate::config::{Policy, Trip};
-use crate::hook::{Reason, StateChange};
+use crate::hook::Reason;
 use crate::CircuitState;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -310,235 +312,7 @@ impl Circuit {
             self.record_probe(generation, Outcome::Neutral);
         }
     }
-
-    /// Moves the circuit from `from`'s period to `to`, unless another transition got there
-    /// first. Returns the new word.
-    fn transition(&self, from: Word, to: CircuitState, reason: Reason, now: u64) -> Option<Word> {
-        let shared = &self.shared;
-        let guard = shared
-            .transitions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut current = self.word();
-        if !current.same_period(from) {
-            return None;
-        }
-        let mut open_for = None;
-        match to {
-            CircuitState::Open => {
-                let trips = shared.trips.load(Relaxed).saturating_add(1);
-                shared.trips.store(trips, Relaxed);
-                let length = self.break_length(trips);
-                open_for = Some(length);
-                shared
-                    .open_until
-                    .store(now.saturating_add(nanos(length)), Release);
-            }
-            CircuitState::HalfOpen => shared.half_open_since.store(now, Release),
-            CircuitState::Closed => {
-                shared.consecutive.store(0, Relaxed);
-                if let Some(window) = &shared.window {
-                    window.reset(window.epoch(now));
-                }
-                if reason == Reason::ProbesSucceeded {
-                    shared.trips.store(0, Relaxed);
-                }
-            }
-            CircuitState::Isolated => {}
-        }
-        // The first probe is the call that found the break over.
-        let next = match to {
-            CircuitState::HalfOpen => current.next(to).with_counts(1, 0),
-            _ => current.next(to),
-        };
-        // NOTE: only probe counts change the word outside this lock: retry until it holds.
-        while let Err(actual) = shared
-            .word
-            .compare_exchange(current.0, next.0, AcqRel, Acquire)
-        {
-            current = Word(actual);
-        }
-        drop(guard);
-        self.announce(from.state(), to, reason, open_for);
-        Some(next)
-    }
-
-    /// The `trips`th break in a row: the policy's backoff, jittered.
-    fn break_length(&self, trips: u32) -> Duration {
-        let shared = &self.shared;
-        let previous = Duration::from_nanos(shared.last_break.load(Relaxed));
-        let length = match &shared.policy.rng {
-            Some(rng) => {
-                let mut rng = rng.lock().unwrap_or_else(PoisonError::into_inner);
-                shared.policy.breaks.delay(trips, previous, &mut rng)
-            }
-            None => shared
-                .policy
-                .breaks
-                .delay(trips, previous, &mut fastrand::Rng::new()),
-        };
-        shared.last_break.store(nanos(length), Relaxed);
-        length
-    }
-
-    fn announce(
-        &self,
-        from: CircuitState,
-        to: CircuitState,
-        reason: Reason,
-        open_for: Option<Duration>,
-    ) {
-        let circuit = &*self.shared.name;
-        crate::metrics::transition(circuit, to);
-        match to {
-            CircuitState::Open | CircuitState::Isolated => tracing::warn!(
-                circuit,
-                from = from.as_str(),
-                to = to.as_str(),
-                reason = reason.as_str(),
-                open_ms = open_for.map(|d| d.as_millis() as u64),
-                "circuit opened"
-            ),
-            _ => tracing::info!(
-                circuit,
-                from = from.as_str(),
-                to = to.as_str(),
-                reason = reason.as_str(),
-                "circuit state changed"
-            ),
-        }
-        if let Some(hook) = &self.shared.policy.on_change {
-            hook(&StateChange {
-                circuit,
-                from,
-                to,
-                reason,
-                open_for,
-            });
-        }
-    }
-
-    /// Opens it by hand, until [`close`](Self::close).
-    pub(crate) fn isolate(&self) {
-        loop {
-            let word = self.word();
-            if word.state() == CircuitState::Isolated
-                || self
-                    .transition(word, CircuitState::Isolated, Reason::Manual, self.now())
-                    .is_some()
-            {
-                return;
-            }
-        }
-    }
-
-    /// Closes it by hand with an empty window (also when it is closed already);
-    /// `forget_trips` also restarts the break backoff.
-    pub(crate) fn close(&self, forget_trips: bool) {
-        loop {
-            let word = self.word();
-            if word.state() == CircuitState::Closed {
-                // A new period of the same state: calls under way no longer count.
-                let _guard = self
-                    .shared
-                    .transitions
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if self
-                    .shared
-                    .word
-                    .compare_exchange(word.0, word.next(CircuitState::Closed).0, AcqRel, Acquire)
-                    .is_err()
-                {
-                    continue;
-                }
-                self.shared.consecutive.store(0, Relaxed);
-                if let Some(window) = &self.shared.window {
-                    window.reset(window.epoch(self.now()));
-                }
-                break;
-            }
-            if self
-                .transition(word, CircuitState::Closed, Reason::Manual, self.now())
-                .is_some()
-            {
-                break;
-            }
-        }
-        if forget_trips {
-            let _guard = self
-                .shared
-                .transitions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            self.shared.trips.store(0, Relaxed);
-        }
-    }
-
-    /// How long until its answer to a call may change (the break's end, a half-open circuit's
-    /// probes); `None` when closed (it admits now) or isolated (only a person changes it).
-    pub(crate) fn next_change(&self) -> Option<Duration> {
-        let word = self.word();
-        let now = self.now();
-        match word.state() {
-            CircuitState::Closed | CircuitState::Isolated => None,
-            CircuitState::Open => Some(Duration::from_nanos(
-                self.shared.open_until.load(Acquire).saturating_sub(now),
-            )),
-            CircuitState::HalfOpen => {
-                let ends = self
-                    .shared
-                    .half_open_since
-                    .load(Acquire)
-                    .saturating_add(nanos(self.shared.policy.max_half_open));
-                Some(Duration::from_nanos(ends.saturating_sub(now)))
-            }
-        }
-    }
-
-    /// Notes that a call goes through it now. Written at most once a second, so a hot keyed
-    /// circuit does not make every call write a line that every core shares.
-    #[inline]
-    pub(crate) fn touch(&self, now: Instant) {
-        let secs = self.secs(now);
-        if self.shared.last_used.load(Relaxed) != secs {
-            self.shared.last_used.store(secs, Relaxed);
-        }
-    }
-
-    fn secs(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.shared.policy.origin)
-            .as_secs()
-    }
-
-    /// Whether forgetting it loses nothing: closed, no failure counted, and no call through it
-    /// for [`IDLE`] (or its window, when longer): calls still under way would count in a
-    /// circuit nobody looks at any more.
-    pub(crate) fn is_idle(&self, now: Instant) -> bool {
-        let shared = &self.shared;
-        if self.state() != CircuitState::Closed || shared.consecutive.load(Relaxed) != 0 {
-            return false;
-        }
-        let quiet = match shared.policy.trip {
-            Trip::Ratio { window, .. } => window.max(IDLE),
-            Trip::Consecutive(_) => IDLE,
-        };
-        if self
-            .secs(now)
-            .saturating_sub(shared.last_used.load(Relaxed))
-            < quiet.as_secs()
-        {
-            return false;
-        }
-        match &shared.window {
-            Some(window) => window.sums(window.epoch(self.now())).failures == 0,
-            None => true,
-        }
-    }
 }
-
-/// How long a keyed circuit must go without a call before it may be evicted.
-pub(crate) const IDLE: Duration = Duration::from_secs(60);
 
 /// A duration in nanoseconds, saturating (about 584 years).
 fn nanos(d: Duration) -> u64 {
