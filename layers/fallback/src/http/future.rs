@@ -1,7 +1,7 @@
 //! The response future: reading the body, then the primary and, when the rule allows it, the
 //! secondary, each with the same request.
 
-use super::service::{Markable, Secondary};
+use super::secondary::{Markable, Secondary};
 use crate::config::Config;
 use crate::error::FallbackError;
 use crate::future::Held;

@@ -1,4 +1,5 @@
-use super::service::{HttpFallback, Secondary};
+use super::secondary::Secondary;
+use super::service::HttpFallback;
 use crate::config::Config;
 use crate::FallbackLayer;
 use std::fmt;

@@ -30,11 +30,17 @@
 
 mod future;
 mod layer;
+mod secondary;
 mod service;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::HttpFallbackLayer;
-pub use self::service::{FromSecondary, HttpFallback, MarkFuture, Markable, Secondary};
+pub use self::secondary::FromSecondary;
+// NOTE: named by the futures' types only, so not part of the stable API (tokio's rule for
+// `doc(hidden)` items).
+#[doc(hidden)]
+pub use self::secondary::{MarkFuture, Markable, Secondary};
+pub use self::service::HttpFallback;
 /// The request body the inner service receives: the bytes read (sent again as often as
 /// needed), or the original body for a request sent once.
 pub use tower_once_core::body::BufferedBody;
