@@ -125,20 +125,12 @@ impl Attempt {
     /// below [reported](refuse) while it ran, if any; the enclosing scope is restored after, even
     /// on a panic.
     pub fn scope<R>(self, f: impl FnOnce() -> R) -> (R, Option<Refused>) {
-        struct Restore(Scope);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                SCOPE.with(|s| s.set(self.0));
-            }
-        }
         let inner = Scope {
             attempt: Some(self),
             refused: None,
         };
-        let _restore = Restore(SCOPE.with(|s| s.replace(inner)));
-        let out = f();
-        let refused = SCOPE.with(|s| s.get().refused);
-        (out, refused)
+        let (out, last) = crate::scope::with(&SCOPE, inner, f);
+        (out, last.refused)
     }
 }
 
@@ -240,18 +232,8 @@ impl CopyWatch {
 /// for the whole operation's, for an earlier copy may have run. Reaches what is polled on the
 /// same thread, as the attempt's scope does.
 pub fn watch_copies<R>(f: impl FnOnce() -> R) -> (R, bool) {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            COPIED.with(|c| c.set(self.0));
-        }
-    }
-    let outer = COPIED.with(|c| c.replace(false));
-    let restore = Restore(outer);
-    let out = f();
-    let copied = COPIED.with(Cell::get);
+    let (out, copied) = crate::scope::with(&COPIED, false, f);
     // An enclosing watcher learns of it too.
-    drop(restore);
     if copied {
         COPIED.with(|c| c.set(true));
     }

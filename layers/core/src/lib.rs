@@ -26,6 +26,8 @@ pub mod classify;
 pub mod outage;
 pub mod replay;
 pub mod resend;
+#[doc(hidden)]
+pub mod scope;
 pub mod shard;
 pub mod slots;
 pub mod table;

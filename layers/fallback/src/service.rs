@@ -64,10 +64,7 @@ pub(crate) fn deadline_for<Req: Carrier, T, C, H>(
     config: &Config<T, C, H>,
 ) -> Option<Deadline> {
     let own = config.deadline.map(Deadline::after);
-    let deadline = match (own, Deadline::of(req)) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let deadline = Deadline::earliest(own, Deadline::of(req));
     if let Some(deadline) = deadline {
         deadline.attach(req);
     }

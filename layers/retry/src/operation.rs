@@ -114,14 +114,7 @@ impl<S, Req, C, H> Operation<S, Req, C, H> {
             now,
             self.config.settings.deadline,
         ));
-        let deadline = match self.outer {
-            Some(outer) if outer < own => outer,
-            _ => own,
-        };
-        self.deadline = Some(match Deadline::current() {
-            Some(current) if current < deadline => current,
-            _ => deadline,
-        });
+        self.deadline = Some(own.tightened(self.outer).tightened(Deadline::current()));
         self.nested |= is_nested();
         if !self.nested {
             let settings = &self.config.settings;

@@ -18,12 +18,13 @@ use tower_once_core::carrier::Carrier;
 ///   [`Carrier`] (`http::Request`, `tonic::Request`, the worker's `Job`, the outbox's
 ///   `OutboxMessage`): it crosses a `tower::buffer::Buffer`, a spawned task or a channel with
 ///   the request ([`attach`](Self::attach), [`of`](Self::of));
-/// - **in scope** on the thread, for any request type: code running inside
-///   [`Deadline::scope`], or polled inside [`Deadline::in_scope`], sees it through
-///   [`Deadline::current`]. The layers read the scope when they are called *and every time
-///   their futures are polled*, so a deadline in scope while the caller polls also reaches
-///   layers behind a `Buffer` (whose worker hands the inner future back to the caller). A scope
-///   around `call` alone does not: a `Buffer`'s `call` only queues the request.
+/// - **in scope** on the thread, for any request type: code polled inside
+///   [`Deadline::in_scope`] sees it through [`Deadline::current`]. The layers read the scope
+///   when they are called *and every time their futures are polled*, so a deadline in scope
+///   while the caller polls also reaches layers behind a `Buffer` (whose worker hands the inner
+///   future back to the caller).
+///
+/// [`Deadline::call`] does both: the way a caller gives a call its deadline.
 ///
 /// `RetryLayer` sets both on each attempt; [`TimeoutLayer`](crate::TimeoutLayer) and
 /// [`HttpTimeoutLayer`](crate::http::HttpTimeoutLayer) read both and always keep the earliest.
@@ -32,7 +33,7 @@ use tower_once_core::carrier::Carrier;
 /// |---|---|---|---|
 /// | on the request ([`attach`](Self::attach)), a [`Carrier`] | ✓ | ✓ | ✓ |
 /// | [`in_scope`](Self::in_scope) around the call's future | ✓ | ✓ (the worker calls the layers behind it outside the scope, so an inner service may be *called* late; its future is never polled past the deadline) | – |
-/// | [`scope`](Self::scope) around `call` only | ✓ | – | – |
+/// | [`call`](Self::call): both of the above | ✓ | ✓ | ✓ for a [`Carrier`] |
 ///
 /// ```
 /// use std::time::Duration;
@@ -43,7 +44,8 @@ use tower_once_core::carrier::Carrier;
 /// let deadline = Deadline::after(Duration::from_secs(2));
 /// assert_eq!(deadline.remaining(), Duration::from_secs(2));
 /// assert_eq!(Deadline::current(), None);
-/// deadline.scope(|| assert_eq!(Deadline::current(), Some(deadline)));
+/// let seen = deadline.in_scope(async { Deadline::current() }).await;
+/// assert_eq!(seen, Some(deadline));
 ///
 /// let mut req = http::Request::new(());
 /// req.extensions_mut().insert(deadline);
@@ -92,9 +94,28 @@ impl Deadline {
         CURRENT.with(Cell::get)
     }
 
+    /// The earlier of two optional deadlines: the one rule every layer applies when two
+    /// deadlines meet (deadlines only tighten).
+    #[inline]
+    pub fn earliest(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// This deadline, or `other` when it is earlier.
+    #[inline]
+    pub fn tightened(self, other: Option<Self>) -> Self {
+        match other {
+            Some(other) if other < self => other,
+            _ => self,
+        }
+    }
+
     /// The earlier of the deadline the request carries and the current scope.
     pub fn of<R: Carrier + ?Sized>(request: &R) -> Option<Self> {
-        earliest(Self::carried(request), Self::current())
+        Self::earliest(Self::carried(request), Self::current())
     }
 
     /// The deadline the request carries, if it is a [`Carrier`] with one.
@@ -129,19 +150,49 @@ impl Deadline {
         }
     }
 
+    /// Calls `service` with `request` under this deadline, the way a caller gives an operation
+    /// its deadline: the request carries it (when it is a [`Carrier`]), the call runs in its
+    /// scope, and so does every poll of the returned future. So it reaches every layer below,
+    /// behind a `tower::buffer::Buffer` too (whose `call` only queues the request, and whose
+    /// layers run while the caller polls).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::ServiceBuilder;
+    /// use tower_once_timeout::{Deadline, TimeoutLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let mut svc = ServiceBuilder::new()
+    ///     .layer(TimeoutLayer::new(Duration::from_secs(30)))
+    ///     .service_fn(|job: u32| async move {
+    ///         tokio::time::sleep(Duration::from_secs(5)).await;
+    ///         Ok::<_, std::convert::Infallible>(job)
+    ///     });
+    /// let deadline = Deadline::after(Duration::from_secs(1));
+    /// let err = deadline.call(&mut svc, 7).await.unwrap_err();
+    /// assert!(err.elapsed().is_some_and(|e| e.is_deadline()));
+    /// # }
+    /// ```
+    pub fn call<S, R>(self, service: &mut S, mut request: R) -> InScope<S::Future>
+    where
+        S: tower_service::Service<R>,
+        R: Carrier,
+    {
+        self.attach(&mut request);
+        self.in_scope(self.scope(|| service.call(request)))
+    }
+
     /// Runs `f` with this deadline as the [`current`](Self::current) one. Scopes only tighten:
     /// inside an enclosing scope with an earlier deadline, that one stays current.
+    ///
+    /// The layers' own plumbing: a future `f` returns is *not* polled in the scope, so a caller
+    /// gives a deadline with [`call`](Self::call) (or [`attach`](Self::attach) and
+    /// [`in_scope`](Self::in_scope)), never with this around `call` alone.
+    #[doc(hidden)]
     pub fn scope<R>(self, f: impl FnOnce() -> R) -> R {
-        struct Restore(Option<Deadline>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                CURRENT.with(|c| c.set(self.0));
-            }
-        }
-        let previous = Self::current();
-        let _restore = Restore(previous);
-        CURRENT.with(|c| c.set(earliest(previous, Some(self))));
-        f()
+        let tightened = Self::earliest(Self::current(), Some(self));
+        tower_once_core::scope::with(&CURRENT, tightened, f).0
     }
 
     /// Polls `future` inside this deadline's [`scope`](Self::scope): not only its first poll
@@ -173,14 +224,6 @@ impl<F: Future> Future for InScope<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         this.deadline.scope(|| this.inner.poll(cx))
-    }
-}
-
-/// The earlier of two optional deadlines.
-pub(crate) fn earliest(a: Option<Deadline>, b: Option<Deadline>) -> Option<Deadline> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 

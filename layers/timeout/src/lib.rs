@@ -28,8 +28,7 @@
 //!
 //! // Only 500 ms of the operation's deadline left: that, not the 2 s limit, bounds the call.
 //! let deadline = Deadline::after(Duration::from_millis(500));
-//! let call = deadline.scope(|| svc.call(21));
-//! let err = call.await.unwrap_err();
+//! let err = deadline.call(&mut svc, 21).await.unwrap_err();
 //! assert!(err.elapsed().is_some_and(|e| e.is_deadline()));
 //! # }
 //! ```
@@ -47,9 +46,9 @@
 //! true)]` tests control it. The deadline is the earliest of the one the request carries (a
 //! [`Carrier`]: `http::Request`, `tonic::Request`, the worker's `Job`, the outbox's
 //! `OutboxMessage`), the one in scope when the layer is called, and the one in scope while its
-//! future is polled (so `Deadline::in_scope` reaches a layer behind a `tower::buffer::Buffer`).
-//! The inner service is called inside a [`Deadline::scope`] of the call's own (possibly
-//! tighter) deadline, which the request also carries on, so layers below it, on this task or
+//! future is polled (so [`Deadline::call`] reaches a layer behind a `tower::buffer::Buffer`).
+//! The inner service is called in the scope of the call's own (possibly tighter) deadline,
+//! which the request also carries on, so layers below it, on this task or
 //! another, see the time left too. The request type must be a [`Carrier`]; plain values
 //! (`String`, numbers, ...) are, carrying nothing.
 //!

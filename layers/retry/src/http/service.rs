@@ -153,9 +153,5 @@ fn operation_deadline<C, H, B>(
     req: &Request<B>,
     now: tokio::time::Instant,
 ) -> Deadline {
-    let own = Deadline::at(saturating_add(now, config.settings.deadline));
-    match Deadline::of(req) {
-        Some(outer) if outer < own => outer,
-        _ => own,
-    }
+    Deadline::at(saturating_add(now, config.settings.deadline)).tightened(Deadline::of(req))
 }

@@ -2,7 +2,7 @@
 
 use super::body::TimeoutBody;
 use crate::cap::Cap;
-use crate::deadline::{earliest, Deadline};
+use crate::deadline::Deadline;
 use crate::grpc;
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
@@ -131,7 +131,10 @@ where
             .flatten()
             .and_then(|v| grpc::decode(v.as_bytes()))
             .map(Deadline::after);
-        let cap = Cap::new(self.config.limit, earliest(Deadline::of(&req), incoming));
+        let cap = Cap::new(
+            self.config.limit,
+            Deadline::earliest(Deadline::of(&req), incoming),
+        );
         let is_grpc = tower_once_core::grpc::is_grpc(req.headers());
         let expired = expired_response(self.config.status, is_grpc);
         if cap.is_spent() {
