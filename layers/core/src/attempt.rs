@@ -154,6 +154,7 @@ impl Refused {
     }
 }
 
+#[doc(hidden)]
 /// Reports that the attempt in scope was refused before it was sent. Nothing happens outside
 /// an attempt's scope.
 pub fn refuse(refused: Refused) {
@@ -166,6 +167,7 @@ pub fn refuse(refused: Refused) {
     });
 }
 
+#[doc(hidden)]
 /// A request extension the hedging layer puts on a request it may copy while it runs: other
 /// copies of it may run too, so the failure of this one alone (even one that was never sent)
 /// says nothing of whether the operation ran. A fallback below it sends nothing on for it as
@@ -195,6 +197,7 @@ thread_local! {
     static COPIED: Cell<bool> = const { Cell::new(false) };
 }
 
+#[doc(hidden)]
 /// Reports that a layer sent another copy of `request` (a hedge): an error the operation
 /// returns later no longer speaks for every copy. A watcher learns it in scope
 /// ([`watch_copies`], while it polls on this thread) and through the [`CopyWatch`] the request
@@ -206,6 +209,7 @@ pub fn note_copy<R: Carrier + ?Sized>(request: &R) {
     }
 }
 
+#[doc(hidden)]
 /// A request extension through which a layer below reports that it sent another copy of the
 /// request ([`note_copy`]), wherever the request went: the fallback puts one on what it sends
 /// to its primary.
@@ -227,6 +231,7 @@ impl CopyWatch {
     }
 }
 
+#[doc(hidden)]
 /// Runs `f` (a poll of a request's future) and says whether a layer below sent another copy
 /// of the request meanwhile ([`note_copy`]): a fallback then no longer takes an unsent error
 /// for the whole operation's, for an earlier copy may have run. Reaches what is polled on the
@@ -240,6 +245,7 @@ pub fn watch_copies<R>(f: impl FnOnce() -> R) -> (R, bool) {
     (out, copied)
 }
 
+#[doc(hidden)]
 /// Takes back a refusal reported in the attempt in scope: for a layer that went on after it
 /// (a fallback that sent the request elsewhere), so that the attempt's outcome is not taken
 /// for the refusal.

@@ -100,6 +100,36 @@ impl Backoff {
         })
     }
 
+    /// Doubling from `base` to at most `cap`, without jitter: the backoff of the loops that
+    /// wait out a dependency (an outage, a write sent again), where one process's waits need
+    /// no spreading. [`exponential`](Self::exponential) gives the `n`th wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_once_core::backoff::Backoff;
+    ///
+    /// const AGAIN: Backoff = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(2));
+    /// let waits: Vec<_> = (1..=5).map(|n| AGAIN.exponential(n).as_millis()).collect();
+    /// assert_eq!(waits, [200, 400, 800, 1600, 2000]);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `base` is zero or `cap` is below it (at compile time in a `const`).
+    pub const fn doubling(base: Duration, cap: Duration) -> Self {
+        assert!(!base.is_zero(), "Backoff::doubling: base must be positive");
+        assert!(
+            cap.as_nanos() >= base.as_nanos(),
+            "Backoff::doubling: cap must be at least base"
+        );
+        Self {
+            base,
+            multiplier: 2.0,
+            cap,
+            jitter: Jitter::None,
+        }
+    }
+
     /// Sets the jitter.
     pub const fn jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;

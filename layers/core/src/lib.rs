@@ -21,18 +21,27 @@ pub mod attempt;
 pub mod backoff;
 pub mod body;
 pub mod carrier;
-pub mod chain;
 pub mod classify;
-pub mod outage;
 pub mod replay;
 pub mod resend;
+pub mod table;
+pub mod unsent;
+
+// NOTE: the layers' shared plumbing, public only because the layers are crates of their own.
+// As in tokio, `doc(hidden)` items are not part of the public and stable API: they change
+// with any release, and users never need to name them.
+#[doc(hidden)]
+pub mod chain;
+#[doc(hidden)]
+pub mod outage;
 #[doc(hidden)]
 pub mod scope;
+#[doc(hidden)]
 pub mod shard;
+#[doc(hidden)]
 pub mod slots;
-pub mod table;
+#[doc(hidden)]
 pub mod time;
-pub mod unsent;
 
 /// Panics with the one message every tower-once future gives when it is polled again after it
 /// completed (a caller's bug, as for any future).

@@ -1,6 +1,7 @@
 //! Backing off while a dependency (Redis, Postgres) is unreachable, and logging it without
 //! flooding the log.
 
+use crate::backoff::Backoff;
 use std::time::Duration;
 
 /// Failures in a row of a loop that talks to one dependency: how long to wait before the next
@@ -33,10 +34,9 @@ impl Outage {
 
     /// Counts a failure; returns how long to wait before the next try.
     pub fn failed(&mut self) -> Duration {
+        const WAITS: Backoff = Backoff::doubling(Outage::FIRST, Outage::CAP);
         self.failures = self.failures.saturating_add(1);
-        Self::FIRST
-            .saturating_mul(1 << (self.failures - 1).min(16))
-            .min(Self::CAP)
+        WAITS.exponential(self.failures)
     }
 
     /// Counts a success: the failures in a row it ended, if there were any.

@@ -15,6 +15,7 @@ use std::fmt::{self, Write as _};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tower_once_core::backoff::Backoff;
 use tower_once_retry::classify::{Action, Classify};
 use tower_once_timeout::Deadline;
 use tower_service::Service;
@@ -291,6 +292,9 @@ where
     }
 }
 
+/// Waits between the tries of one batch of `XACK`s: 50, 100, 200 ms.
+const ACK_AGAIN: Backoff = Backoff::doubling(Duration::from_millis(50), Duration::from_millis(200));
+
 /// Acknowledges in batches: whatever is queued when the previous `XACK` returns goes in the
 /// next one. Safe because `XACK` is idempotent and order-free; a lost ack only means a
 /// redelivery, which run-once turns into a duplicate.
@@ -314,7 +318,7 @@ pub(crate) async fn ack_loop<Conn>(
                 }
                 Err(e) => last = Some(e),
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
+            tokio::time::sleep(ACK_AGAIN.exponential(attempt + 1)).await;
         }
         if let Some(e) = last {
             tracing::warn!(error = %e, entries = batch.len(), "XACK failed; the entries will be redelivered");

@@ -8,10 +8,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
+use tower_once_core::backoff::Backoff;
 
 /// How many times, and how far apart, a claim that failed is released in the background.
 const RELEASE_TRIES: u32 = 4;
-const RELEASE_PAUSE: Duration = Duration::from_millis(250);
+const RELEASE_AGAIN: Backoff =
+    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(1));
 
 /// Releases a claim whose answer never came (the store timed out or the connection failed).
 ///
@@ -33,7 +35,7 @@ pub(super) fn release_in_background<St: IdempotencyStore>(
                 Err(error) if attempt == RELEASE_TRIES => {
                     tracing::warn!(%error, "failed to release a claim whose answer was lost; it frees itself when its lease expires");
                 }
-                Err(_) => tokio::time::sleep(RELEASE_PAUSE * attempt).await,
+                Err(_) => tokio::time::sleep(RELEASE_AGAIN.exponential(attempt)).await,
             }
         }
     });

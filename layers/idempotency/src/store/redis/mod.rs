@@ -64,6 +64,7 @@ use redis::{Script, Value};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+use tower_once_core::backoff::Backoff;
 
 /// The `redis` client this store is built on, to make connections of the matching version.
 pub use ::redis;
@@ -303,17 +304,10 @@ async fn invoke<C: ConnectionLike>(
         .map_err(StoreError::unavailable)
 }
 
-/// Waits between the background tries of a completion or release: about 9 s in all, most of
-/// a default lease.
-const FINISH_LATER: [Duration; 7] = [
-    Duration::from_millis(200),
-    Duration::from_millis(400),
-    Duration::from_millis(800),
-    Duration::from_millis(1600),
-    Duration::from_secs(2),
-    Duration::from_secs(2),
-    Duration::from_secs(2),
-];
+/// Waits between the background tries of a completion or release (200 ms doubling to 2 s,
+/// seven tries): about 9 s in all, most of a default lease.
+const FINISH_LATER: Backoff = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(2));
+const FINISH_TRIES: u32 = 7;
 
 /// Sends a completion or release again until Redis answers (it is fenced by the token: if the
 /// first one did land, this one finds the record no longer ours and changes nothing).
@@ -323,8 +317,8 @@ async fn finish_later<C: ConnectionLike>(
     redis_key: String,
     call: Call,
 ) {
-    for pause in FINISH_LATER {
-        tokio::time::sleep(pause).await;
+    for n in 1..=FINISH_TRIES {
+        tokio::time::sleep(FINISH_LATER.exponential(n)).await;
         match invoke(&shared, &mut connection, &redis_key, &call).await {
             Ok(_) => {
                 tracing::debug!("a completion or release that had failed went through");
