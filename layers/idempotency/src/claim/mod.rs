@@ -6,7 +6,7 @@ mod extract;
 
 pub use self::error::ClaimError;
 
-use crate::config::Settings;
+use crate::config::StoreRules;
 use crate::store::{ClaimToken, StoreKey};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,10 +41,11 @@ pub struct Claim<St> {
     key: StoreKey,
     token: ClaimToken,
     retention: Duration,
-    // The layer's rules for stored responses (deny-listed headers, size limit); `None` for a
-    // job's claim. Read by the stores that complete in transaction (feature `postgres`).
+    // The layer's rules for stored responses (its predicate, deny-listed headers, size limit);
+    // `None` for a job's claim. Read by the stores that complete in transaction (feature
+    // `postgres`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    settings: Option<Arc<Settings>>,
+    rules: Option<Arc<dyn StoreRules>>,
     // A job's claim: set when the handler completed the record itself, read by
     // `RunOnceLayer`. A request's claim has none (the layer reads a mark on the response).
     completed: Option<Arc<AtomicBool>>,
@@ -66,14 +67,15 @@ impl<St> Claim<St> {
         store: St,
         key: StoreKey,
         token: ClaimToken,
-        settings: Arc<Settings>,
+        retention: Duration,
+        rules: Arc<dyn StoreRules>,
     ) -> Self {
         Self {
             store,
             key,
             token,
-            retention: settings.retention,
-            settings: Some(settings),
+            retention,
+            rules: Some(rules),
             completed: None,
         }
     }
@@ -93,7 +95,7 @@ impl<St> Claim<St> {
             key,
             token,
             retention,
-            settings: None,
+            rules: None,
             completed: Some(completed),
         }
     }
@@ -133,9 +135,13 @@ impl<St> Claim<St> {
         }
     }
 
+    /// The rules a response is stored by: the layer's, or its defaults for a job's claim.
     #[cfg(feature = "postgres")]
-    pub(crate) fn settings(&self) -> Option<&Settings> {
-        self.settings.as_deref()
+    pub(crate) fn rules(&self) -> &dyn StoreRules {
+        match &self.rules {
+            Some(rules) => rules.as_ref(),
+            None => &crate::config::DefaultRules,
+        }
     }
 }
 

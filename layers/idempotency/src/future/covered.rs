@@ -65,8 +65,8 @@ where
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes>,
     St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
 
@@ -135,8 +135,8 @@ where
     ReqB: Body,
     ResB: Body,
     St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     pub(super) fn new(
         service: S,

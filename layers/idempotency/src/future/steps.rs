@@ -8,7 +8,7 @@ use super::state::{State, StateOf};
 use super::streaming::StreamingClaim;
 use crate::body::{RequestBody, ResponseBody};
 use crate::claim::{Claim, StoredBy};
-use crate::config::Config;
+use crate::config::{Config, StoreRules};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::metrics::Outcome;
 use crate::predicate::StorePredicate;
@@ -46,8 +46,8 @@ pub(super) struct Ctx<S, St: IdempotencyStore, F, P> {
 impl<S, St, F, P> Ctx<S, St, F, P>
 where
     St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     /// Reads the request body up to the limit, then sends the claim.
     pub(super) fn poll_request<ReqB, ResB>(
@@ -120,7 +120,8 @@ where
                         self.store.clone(),
                         self.key,
                         self.token,
-                        Arc::clone(&self.config.settings),
+                        settings.retention,
+                        Arc::clone(&self.config) as Arc<dyn StoreRules>,
                     ));
                 }
                 State::Run {

@@ -2,7 +2,6 @@
 
 use super::PostgresStore;
 use crate::claim::{Claim, ClaimError, StoredBy};
-use crate::config::DEFAULT_RESPONSE_LIMIT;
 use crate::future::storable_headers;
 use crate::store::{Completion, StoredResponse};
 use axum::body::Body;
@@ -19,11 +18,21 @@ impl Claim<PostgresStore> {
     /// construction the one the client gets, replays included. Commit after this, then return
     /// the response; the layer sees that the record is stored and writes nothing more.
     ///
-    /// The response is stored by the layer's rules: hop-by-hop and deny-listed headers are
-    /// left out, and a body over the layer's response limit is not kept (later duplicates get
-    /// the layer's "not replayable" answer, and never run the handler). From here to the commit
-    /// the record's row is locked and still reads as in progress: a duplicate is answered
-    /// `409`, and its retry after the commit replays.
+    /// The response is stored by the layer's rules, exactly as the layer would store it:
+    ///
+    /// - Only a response the layer's [`store_when`](crate::IdempotencyLayer::store_when)
+    ///   predicate stores (by default every 2xx, 3xx and 4xx but 400, 408, 413, 415, 422, 425
+    ///   and 429) is written. Any other (a `503`, a validation `422`, a status a replaced
+    ///   predicate refuses, a gRPC failure in the trailers) is returned as it is, and nothing
+    ///   is written: once the handler returns it, the layer releases the key, so the client's
+    ///   retry (or its fixed resend) runs the handler again. Such an answer says "try again":
+    ///   commit with it only what may happen again.
+    /// - Hop-by-hop and deny-listed headers are left out, and a body over the layer's response
+    ///   limit is not kept (later duplicates get the layer's "not replayable" answer, and never
+    ///   run the handler).
+    ///
+    /// From the write to the commit the record's row is locked and still reads as in progress:
+    /// a duplicate is answered `409`, and its retry after the commit replays.
     ///
     /// Use it in a `READ COMMITTED` transaction (Postgres's default): at `REPEATABLE READ` or
     /// above, a lease renewal committed after the transaction's snapshot makes the completion
@@ -71,22 +80,33 @@ impl Claim<PostgresStore> {
         R: IntoResponse,
     {
         let (mut parts, body) = response.into_response().into_parts();
-        let (limit, strip) = match self.settings() {
-            Some(settings) => (settings.response_limit, settings.strip_headers.as_slice()),
-            // A job's claim carries no layer settings: the layer's defaults.
-            None => (DEFAULT_RESPONSE_LIMIT, &[][..]),
-        };
+        let rules = self.rules();
+        if !rules.should_store(&parts) {
+            // NOTE: the layer releases the key for this response by the same rules once the
+            // handler returns it, since it carries no mark of a stored record.
+            return Ok(Response::from_parts(parts, body));
+        }
         let mut body = Box::pin(body);
         let mut collector = Collector::default();
         let mut trailers = None;
-        let collected =
-            poll_fn(|cx| collector.poll_collect(body.as_mut(), limit, &mut trailers, cx)).await;
+        let collected = poll_fn(|cx| {
+            collector.poll_collect(body.as_mut(), rules.response_limit(), &mut trailers, cx)
+        })
+        .await;
         let (completion, body) = match collected {
             Collected::Complete => {
                 let data = collector.finish();
+                if trailers
+                    .as_ref()
+                    .is_some_and(|t| !rules.should_store_trailers(t))
+                {
+                    // E.g. a gRPC `UNAVAILABLE` in the trailers: released, like the status.
+                    let body = BufferedBody::<Body>::full_with_trailers(data, trailers);
+                    return Ok(Response::from_parts(parts, Body::new(body)));
+                }
                 let stored = StoredResponse {
                     status: parts.status,
-                    headers: storable_headers(&parts.headers, strip),
+                    headers: storable_headers(&parts.headers, rules.strip_headers()),
                     body: data.clone(),
                     trailers: trailers.clone(),
                 };
