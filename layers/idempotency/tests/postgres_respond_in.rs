@@ -329,3 +329,95 @@ async fn respond_in_follows_a_replaced_store_predicate() {
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_handler_slower_than_its_lease_gets_a_serialization_error_and_the_retry_charges_once(
+) {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    // Renewed every 100 ms while the handler waits: the row it completes changed after its
+    // snapshot, and the version in that snapshot has expired.
+    let (router, app) = fixture.default_app(lease, vec![Plan::SerializableSlow(lease * 3)]);
+    let (status, _, body) = send(&router, "pay-ser", "5").await;
+    let refusals = app.refusals();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    let refusal = &refusals[0];
+    assert!(
+        !refusal.lost,
+        "the claim is still this request's: {refusal:?}"
+    );
+    assert!(
+        refusal.store && refusal.serialization,
+        "a serialization failure, as documented: {refusal:?}"
+    );
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(fixture.charges().await, 0, "the transaction rolled back");
+
+    // The key was not burned: the retry runs and charges, once.
+    let (status, replayed, body) = send(&router, "pay-ser", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2")
+    );
+    let (status, replayed, _) = send(&router, "pay-ser", "5").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_second_completion_in_one_handler_is_refused_as_already_completed_and_the_key_stays_free()
+{
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::CompleteTwice]);
+    let (status, replayed, body) = send(&router, "pay-twice", "5").await;
+    assert!(!replayed);
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let refusals = app.refusals();
+    assert_eq!(
+        refusals.len(),
+        2,
+        "respond_in and complete_in: {refusals:?}"
+    );
+    for refusal in &refusals {
+        assert!(
+            !refusal.lost,
+            "the claim is still this request's: {refusal:?}"
+        );
+        assert!(refusal.message.contains("already completed"), "{refusal:?}");
+    }
+    assert_eq!(fixture.charges().await, 0, "the handler rolled back");
+
+    let (status, replayed, body) = send(&router, "pay-twice", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_claim_error_is_never_stored_even_by_a_predicate_that_stores_every_response() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.app(
+        LEASE,
+        |_: &http::response::Parts| true,
+        vec![Plan::CompleteTwice],
+    );
+    let (status, _, _) = send(&router, "pay-any", "5").await;
+    assert!(
+        status.is_client_error() || status.is_server_error(),
+        "{status}"
+    );
+    assert_eq!(app.refusals().len(), 2);
+
+    let (status, replayed, body) = send(&router, "pay-any", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the claim error was not the key's answer"
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
