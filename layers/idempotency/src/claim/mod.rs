@@ -5,6 +5,7 @@ mod error;
 mod extract;
 
 pub use self::error::ClaimError;
+pub(crate) use self::error::Refused;
 
 use crate::config::StoreRules;
 use crate::store::{ClaimToken, StoreKey};
@@ -26,7 +27,9 @@ use std::time::Duration;
 /// - Jobs: `claim.complete_in(&mut tx)` records the job as done.
 ///
 /// Both are fenced: they change the record only while the claim is still this request's (in
-/// progress, same token, lease not run out), and fail with [`ClaimError::is_lost`] otherwise.
+/// progress, same token, lease not run out), and fail with [`ClaimError::is_lost`] otherwise
+/// (or [`ClaimError::is_already_completed`] when this claim already completed it: a handler
+/// completes its claim once).
 /// The handler must then not commit (with `?` the transaction is dropped and rolled back), so a
 /// stale owner, whose lease ran out while it was paused and whose key another request took,
 /// can never commit a second effect. From the completion to the commit the record's row is

@@ -7,7 +7,7 @@ use super::replay::{self, problem};
 use super::state::{State, StateOf};
 use super::streaming::StreamingClaim;
 use crate::body::{RequestBody, ResponseBody};
-use crate::claim::{Claim, StoredBy};
+use crate::claim::{Claim, Refused as ClaimRefused, StoredBy};
 use crate::config::{Config, StoreRules};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::metrics::Outcome;
@@ -180,6 +180,16 @@ where
     {
         match result {
             Ok(mut response) => {
+                if response.extensions_mut().remove::<ClaimRefused>().is_some() {
+                    // NOTE: a `ClaimError`'s answer is never a key's answer, whatever the
+                    // predicate: the release is fenced, so it changes nothing if the record is
+                    // completed (a second completion after the first committed) or another's.
+                    self.release(span, "the handler's claim was refused");
+                    let response = response.map(ResponseBody::streaming);
+                    return State::Finish {
+                        result: Some(Ok(response)),
+                    };
+                }
                 if St::COMPLETES_IN_TRANSACTION && self.stored_by_handler(&mut response) {
                     Outcome::Stored.record(span);
                     tracing::debug!("the handler stored its response in its own transaction");

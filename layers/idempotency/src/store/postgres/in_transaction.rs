@@ -1,6 +1,6 @@
 //! Completing a [`Claim`] on the handler's own connection, inside its transaction.
 
-use super::PostgresStore;
+use super::{CompletedOn, PostgresStore};
 use crate::claim::{Claim, ClaimError, StoredBy};
 use crate::future::storable_headers;
 use crate::store::{Completion, StoredResponse};
@@ -35,15 +35,26 @@ impl Claim<PostgresStore> {
     /// a duplicate is answered `409`, and its retry after the commit replays.
     ///
     /// Use it in a `READ COMMITTED` transaction (Postgres's default): at `REPEATABLE READ` or
-    /// above, a lease renewal committed after the transaction's snapshot makes the completion
-    /// fail with a serialization error (nothing commits twice, but the request fails). The
+    /// above, a lease renewal committed after the transaction's snapshot (a handler slower
+    /// than a third of the lease) makes the completion fail with a serialization error
+    /// ([`ClaimError::is_store`], its cause SQLSTATE `40001`): nothing commits, the layer
+    /// releases the key, and the client's retry runs the handler again. The
     /// statement runs on your connection, so your transaction's own `statement_timeout` bounds
     /// it, not the store's. A transaction that never commits leaves the key in progress:
     /// duplicates get `409` until the lease ends, then a retry runs the handler again.
     ///
-    /// Fails with [`ClaimError::is_lost`] when the claim is no longer this request's (its
-    /// lease ran out and a retry may have taken the key), and with [`ClaimError::is_store`]
-    /// when the statement failed: in both cases do not commit.
+    /// Fails, and then the transaction must not commit (return the error: with `?` the
+    /// transaction is dropped and rolls back), with:
+    /// - [`ClaimError::is_lost`] when the claim is no longer this request's (its lease ran
+    ///   out and a retry may have taken the key);
+    /// - [`ClaimError::is_already_completed`] when this claim's record is already completed:
+    ///   a handler completes its claim once (`respond_in` or `complete_in`), and a second
+    ///   completion is refused, in the same transaction or after the first committed;
+    /// - [`ClaimError::is_store`] when a statement failed (a serialization failure included);
+    /// - [`ClaimError::is_body`] when the response's body failed while it was read.
+    ///
+    /// The error's response (its `IntoResponse`) is never stored as the key's answer,
+    /// whatever the layer's predicate: the layer releases the claim instead.
     ///
     /// ```no_run
     /// use axum::{http::StatusCode, response::Response, Json};
@@ -130,8 +141,11 @@ impl Claim<PostgresStore> {
     /// Records this job as done on `connection` (your transaction), fenced by the claim: for
     /// the worker's `RunOnceLayer`, which then records nothing more once the handler returns
     /// `Ok`. Commit after this. Fails with [`ClaimError::is_lost`] when the claim is no longer
-    /// this delivery's (a worker paused past its lease, whose job another worker took): do not
-    /// commit then, so the effect happens once.
+    /// this delivery's (a worker paused past its lease, whose job another worker took), with
+    /// [`ClaimError::is_already_completed`] when the record is already done under this claim
+    /// (a second completion), and with [`ClaimError::is_store`] when a statement failed (at
+    /// `REPEATABLE READ` or above, a lease renewal after the snapshot is a serialization
+    /// failure): do not commit then, so the effect happens once.
     pub async fn complete_in<C>(&self, connection: &mut C) -> Result<(), ClaimError>
     where
         C: DerefMut<Target = PgConnection> + Send,
@@ -163,10 +177,10 @@ impl Claim<PostgresStore> {
             )
             .await
             .map_err(ClaimError::store)?;
-        if done {
-            Ok(())
-        } else {
-            Err(ClaimError::lost())
+        match done {
+            CompletedOn::Written => Ok(()),
+            CompletedOn::AlreadyCompleted => Err(ClaimError::already_completed()),
+            CompletedOn::Lost => Err(ClaimError::lost()),
         }
     }
 }

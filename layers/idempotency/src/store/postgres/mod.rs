@@ -192,8 +192,8 @@ impl PostgresStore {
     }
 
     /// Completes the claim of `key` by `token` on `connection`, inside whatever transaction it
-    /// is in: fenced like [`complete`](IdempotencyStore::complete), so `Ok(false)` when the
-    /// claim is no longer ours. The row stays locked until that transaction ends.
+    /// is in, fenced like [`complete`](IdempotencyStore::complete); when the fence refuses,
+    /// says why. The row stays locked until that transaction ends.
     pub(crate) async fn complete_on(
         &self,
         connection: &mut PgConnection,
@@ -201,10 +201,26 @@ impl PostgresStore {
         token: ClaimToken,
         completion: &Completion,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<CompletedOn, StoreError> {
         let statement = completion_statement(&self.shared, &key, token, completion, retention);
-        let done = statement.execute(connection).await.map_err(from_sqlx)?;
-        Ok(done.rows_affected() == 1)
+        let done = statement
+            .execute(&mut *connection)
+            .await
+            .map_err(from_sqlx)?;
+        if done.rows_affected() == 1 {
+            return Ok(CompletedOn::Written);
+        }
+        let row: Option<(bool, String)> = sqlx::query_as(&self.shared.queries.inspect)
+            .bind(key.as_bytes().as_slice())
+            .bind(*token.as_uuid())
+            .fetch_optional(connection)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(match row {
+            Some((true, state)) if state != "in_progress" => CompletedOn::AlreadyCompleted,
+            // Ours and in progress, yet fenced out: its lease ran out. Or another's, or gone.
+            _ => CompletedOn::Lost,
+        })
     }
 
     fn map_shared(mut self, f: impl FnOnce(&mut Shared)) -> Self {
@@ -233,6 +249,18 @@ impl PostgresStore {
             }
         })
     }
+}
+
+/// What a completion on the handler's connection did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CompletedOn {
+    /// The record is completed, in that transaction.
+    Written,
+    /// The record was already completed under this claim: by this transaction earlier, or by
+    /// one that committed.
+    AlreadyCompleted,
+    /// The claim is no longer this request's: its lease ran out, and the key may be another's.
+    Lost,
 }
 
 fn default_table() -> TableName {
