@@ -426,3 +426,45 @@ async fn a_claim_error_is_never_stored_even_by_a_predicate_that_stores_every_res
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_rolled_back_with_its_savepoint_is_stored_by_the_layer_and_the_retry_replays() {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (router, app) = fixture.default_app(lease, vec![Plan::SavepointRolledBack]);
+    let (status, replayed, body) = send(&router, "pay-sp", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 1")
+    );
+    assert_eq!(fixture.charges().await, 1, "the charge committed");
+
+    // A retry once the lease would have run out: the record is there, the charge is not repeated.
+    tokio::time::sleep(lease * 2).await;
+    let (status, replayed, body) = send(&router, "pay-sp", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 1")
+    );
+    assert_eq!(app.runs(), 1);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_response_whose_transaction_rolled_back_is_not_stored_and_the_retry_runs_at_once() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::RolledBack]);
+    // The handler returns what `respond_in` gave it, though its transaction rolled back.
+    let (status, _, _) = send(&router, "pay-rb", "5").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(fixture.charges().await, 0, "nothing committed");
+
+    // Not stored, and not left in progress for a lease either.
+    let (status, replayed, body) = send(&router, "pay-rb", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
