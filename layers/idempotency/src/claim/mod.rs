@@ -8,7 +8,7 @@ pub use self::error::ClaimError;
 pub(crate) use self::error::Refused;
 
 use crate::config::StoreRules;
-use crate::store::{ClaimToken, StoreKey};
+use crate::store::{ClaimToken, StoreFuture, StoreKey};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,7 +23,9 @@ use std::time::Duration;
 /// transaction that writes its effects: both commit, or neither does.
 ///
 /// - HTTP: `claim.respond_in(&mut tx, response)` stores the response the handler returns, and
-///   returns it; the layer sees it was stored and writes nothing more.
+///   returns it; once the handler returns, the layer reads the record and writes nothing more
+///   if it committed (it stores the response itself if the transaction committed without
+///   the record, and releases the key if the transaction rolled back).
 /// - Jobs: `claim.complete_in(&mut tx)` records the job as done.
 ///
 /// Both are fenced: they change the record only while the claim is still this request's (in
@@ -50,7 +52,7 @@ pub struct Claim<St> {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     rules: Option<Arc<dyn StoreRules>>,
     // A job's claim: set when the handler completed the record itself, read by
-    // `RunOnceLayer`. A request's claim has none (the layer reads a mark on the response).
+    // `RunOnceLayer`. A request's claim has none (the layer reads the record itself).
     completed: Option<Arc<AtomicBool>>,
 }
 
@@ -124,7 +126,7 @@ impl<St> Claim<St> {
     }
 
     /// Whether the handler already completed this job's record itself (`complete_in`); always
-    /// `false` for a request's claim, whose completion marks the response instead.
+    /// `false` for a request's claim, whose record the layer reads instead.
     pub fn is_completed(&self) -> bool {
         self.completed
             .as_ref()
@@ -148,7 +150,33 @@ impl<St> Claim<St> {
     }
 }
 
-/// Put on a response whose record the handler stored itself (under this token), so the layer
-/// does not store it again.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StoredBy(pub(crate) ClaimToken);
+/// Put on a response whose record the handler wrote in its own transaction (under `token`).
+/// The mark says only that it was written, not that it committed: once the handler has
+/// returned, the layer runs `check` and writes nothing more only if the record is settled.
+#[derive(Clone)]
+pub(crate) struct StoredBy {
+    pub(crate) token: ClaimToken,
+    pub(crate) check: Arc<dyn Fn() -> StoreFuture<Settled> + Send + Sync>,
+}
+
+impl fmt::Debug for StoredBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredBy")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What became of a record a handler wrote in its own transaction, read once it returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Settled {
+    /// Completed under this claim (or no longer this claim's, or its transaction still open):
+    /// the layer writes nothing more.
+    Done,
+    /// Its transaction committed without it (a savepoint around it rolled back): the layer
+    /// stores the response by its own rules, as if the handler had not.
+    Store,
+    /// Its transaction rolled back, the record with it: the layer releases the claim.
+    Release,
+}

@@ -51,7 +51,10 @@ where
     St: IdempotencyStore,
 {
     fn is_unfinished(&self) -> bool {
-        matches!(self.state, State::Run { .. } | State::ReadResponse { .. })
+        matches!(
+            self.state,
+            State::Run { .. } | State::Check { .. } | State::ReadResponse { .. }
+        )
     }
 
     fn background(&self) -> &crate::detached::Detached {
@@ -97,6 +100,10 @@ where
                         return Poll::Pending;
                     };
                     ctx.ran(span, result)
+                }
+                StateProj::Check { check, response } => {
+                    let settled = ready!(check.as_mut().poll(cx));
+                    ctx.checked(span, settled, response)
                 }
                 StateProj::ReadResponse {
                     body,

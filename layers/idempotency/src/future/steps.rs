@@ -7,15 +7,15 @@ use super::replay::{self, problem};
 use super::state::{State, StateOf};
 use super::streaming::StreamingClaim;
 use crate::body::{RequestBody, ResponseBody};
-use crate::claim::{Claim, Refused as ClaimRefused, StoredBy};
+use crate::claim::{Claim, Refused as ClaimRefused, Settled, StoredBy};
 use crate::config::{Config, StoreRules};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::metrics::Outcome;
 use crate::predicate::StorePredicate;
 use crate::problem::ProblemKind;
 use crate::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, StoreError, StoreKey,
-    StoredResponse,
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, StoreError, StoreFuture,
+    StoreKey, StoredResponse,
 };
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -190,33 +190,97 @@ where
                         result: Some(Ok(response)),
                     };
                 }
-                if St::COMPLETES_IN_TRANSACTION && self.stored_by_handler(&mut response) {
-                    Outcome::Stored.record(span);
-                    tracing::debug!("the handler stored its response in its own transaction");
-                    let response = response.map(ResponseBody::streaming);
-                    return State::Finish {
-                        result: Some(Ok(response)),
-                    };
+                if St::COMPLETES_IN_TRANSACTION {
+                    if let Some(check) = self.stored_by_handler(&mut response) {
+                        return State::Check {
+                            check,
+                            response: Some(response),
+                        };
+                    }
                 }
-                let (parts, body) = response.into_parts();
-                if self.config.predicate.should_store(&parts) {
-                    return State::ReadResponse {
-                        body: Some(Box::pin(body)),
-                        parts: Some(parts),
-                        collected: Collector::default(),
-                        trailers: None,
-                    };
-                }
-                self.release(span, "response not stored");
-                let response = Response::from_parts(parts, ResponseBody::streaming(body));
-                State::Finish {
-                    result: Some(Ok(response)),
-                }
+                self.store_or_release(span, response)
             }
             Err(error) => {
                 self.release(span, "inner service error");
                 State::Finish {
                     result: Some(Err(error)),
+                }
+            }
+        }
+    }
+
+    /// Reads a response the predicate stores, or releases the key for one it does not.
+    fn store_or_release<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        response: Response<ResB>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        let (parts, body) = response.into_parts();
+        if self.config.predicate.should_store(&parts) {
+            return State::ReadResponse {
+                body: Some(Box::pin(body)),
+                parts: Some(parts),
+                collected: Collector::default(),
+                trailers: None,
+            };
+        }
+        self.release(span, "response not stored");
+        let response = Response::from_parts(parts, ResponseBody::streaming(body));
+        State::Finish {
+            result: Some(Ok(response)),
+        }
+    }
+
+    /// Acts on what became of the record the handler wrote in its own transaction.
+    pub(super) fn checked<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        settled: Result<Settled, StoreError>,
+        response: &mut Option<Response<ResB>>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        let Some(response) = response.take() else {
+            tower_once_core::polled_after_completion("ResponseFuture")
+        };
+        match settled {
+            Ok(Settled::Done) => {
+                Outcome::Stored.record(span);
+                tracing::debug!("the handler stored its response in its own transaction");
+                if let Some(claim) = self.claim.take() {
+                    drop(claim.disarm());
+                }
+                State::Finish {
+                    result: Some(Ok(response.map(ResponseBody::streaming))),
+                }
+            }
+            Ok(Settled::Store) => {
+                tracing::debug!(
+                    "the handler's transaction committed without its record; storing the response"
+                );
+                self.store_or_release(span, response)
+            }
+            Ok(Settled::Release) => {
+                self.release(span, "the handler's transaction rolled back");
+                State::Finish {
+                    result: Some(Ok(response.map(ResponseBody::streaming))),
+                }
+            }
+            Err(error) => {
+                // NOTE: the release is fenced: a no-op if the record committed, and otherwise
+                // the key is free at once instead of after the lease.
+                tracing::warn!(%error, "could not read the record the handler stored; releasing the claim if it is still in progress");
+                self.release(span, "the handler's record could not be read");
+                State::Finish {
+                    result: Some(Ok(response.map(ResponseBody::streaming))),
                 }
             }
         }
@@ -317,17 +381,13 @@ where
         })
     }
 
-    /// Whether the handler stored this very response under this claim (`Claim::respond_in`):
-    /// the record is then written, in the handler's transaction, and the claim is settled.
-    fn stored_by_handler<B>(&mut self, response: &mut Response<B>) -> bool {
+    /// If the handler wrote this very response as this claim's record (`Claim::respond_in`),
+    /// the read that says whether that record committed: the mark alone does not say so (a
+    /// savepoint or the whole transaction may have rolled back after it).
+    fn stored_by_handler<B>(&mut self, response: &mut Response<B>) -> Option<StoreFuture<Settled>> {
         match response.extensions_mut().remove::<StoredBy>() {
-            Some(StoredBy(token)) if token == self.token => {
-                if let Some(claim) = self.claim.take() {
-                    drop(claim.disarm());
-                }
-                true
-            }
-            _ => false,
+            Some(StoredBy { token, check }) if token == self.token => Some(check()),
+            _ => None,
         }
     }
 

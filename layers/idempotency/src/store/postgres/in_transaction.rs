@@ -1,6 +1,6 @@
 //! Completing a [`Claim`] on the handler's own connection, inside its transaction.
 
-use super::{CompletedOn, PostgresStore};
+use super::{CompletedOn, PostgresStore, Transaction};
 use crate::claim::{Claim, ClaimError, StoredBy};
 use crate::future::storable_headers;
 use crate::store::{Completion, StoredResponse};
@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use sqlx::PgConnection;
 use std::future::poll_fn;
 use std::ops::DerefMut;
+use std::sync::Arc;
 use tower_once_core::body::{BufferedBody, Collected, Collector};
 
 impl Claim<PostgresStore> {
@@ -16,7 +17,18 @@ impl Claim<PostgresStore> {
     /// `sqlx::Transaction`, or any connection; pass `&mut tx`), fenced
     /// by the claim, and returns it for the handler to return: the stored response is by
     /// construction the one the client gets, replays included. Commit after this, then return
-    /// the response; the layer sees that the record is stored and writes nothing more.
+    /// the response.
+    ///
+    /// Once the handler has returned, the layer reads the record (one read-only statement) and
+    /// acts on what it finds, not on what the handler returned:
+    ///
+    /// | the record | the layer |
+    /// |---|---|
+    /// | completed under this claim (the transaction committed) | writes nothing more |
+    /// | in progress, and the transaction that wrote it committed (it was written in a savepoint that was rolled back) | stores the returned response itself, by its rules: the effects that committed are answered once |
+    /// | in progress, and that transaction rolled back | releases the key at once: the retry runs the handler |
+    /// | in progress, and that transaction still open (handed elsewhere, or dropped and its rollback not sent yet) | writes nothing: if it never commits, the key is free once the lease ends |
+    /// | another claim's, or gone | writes nothing |
     ///
     /// The response is stored by the layer's rules, exactly as the layer would store it:
     ///
@@ -40,8 +52,7 @@ impl Claim<PostgresStore> {
     /// ([`ClaimError::is_store`], its cause SQLSTATE `40001`): nothing commits, the layer
     /// releases the key, and the client's retry runs the handler again. The
     /// statement runs on your connection, so your transaction's own `statement_timeout` bounds
-    /// it, not the store's. A transaction that never commits leaves the key in progress:
-    /// duplicates get `409` until the lease ends, then a retry runs the handler again.
+    /// it, not the store's.
     ///
     /// Fails, and then the transaction must not commit (return the error: with `?` the
     /// transaction is dropped and rolls back), with:
@@ -133,8 +144,12 @@ impl Claim<PostgresStore> {
             }
             Collected::Failed(error) => return Err(ClaimError::body(error)),
         };
-        self.record_on(connection, &completion).await?;
-        parts.extensions.insert(StoredBy(self.token()));
+        let transaction = self.record_on(connection, &completion).await?;
+        let (store, key, token) = (self.store().clone(), self.key(), self.token());
+        parts.extensions.insert(StoredBy {
+            token,
+            check: Arc::new(move || store.settled(key, token, transaction)),
+        });
         Ok(Response::from_parts(parts, body))
     }
 
@@ -165,7 +180,7 @@ impl Claim<PostgresStore> {
         &self,
         connection: &mut PgConnection,
         completion: &Completion,
-    ) -> Result<(), ClaimError> {
+    ) -> Result<Transaction, ClaimError> {
         let done = self
             .store()
             .complete_on(
@@ -178,7 +193,7 @@ impl Claim<PostgresStore> {
             .await
             .map_err(ClaimError::store)?;
         match done {
-            CompletedOn::Written => Ok(()),
+            CompletedOn::Written(transaction) => Ok(transaction),
             CompletedOn::AlreadyCompleted => Err(ClaimError::already_completed()),
             CompletedOn::Lost => Err(ClaimError::lost()),
         }
