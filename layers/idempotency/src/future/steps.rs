@@ -254,7 +254,7 @@ where
         match settled {
             Ok(Settled::Done) => {
                 Outcome::Stored.record(span);
-                tracing::debug!("the handler stored its response in its own transaction");
+                tracing::debug!("the handler's own transaction settled its record");
                 if let Some(claim) = self.claim.take() {
                     drop(claim.disarm());
                 }
@@ -277,7 +277,10 @@ where
             Err(error) => {
                 // NOTE: the release is fenced: a no-op if the record committed, and otherwise
                 // the key is free at once instead of after the lease.
-                tracing::warn!(%error, "could not read the record the handler stored; releasing the claim if it is still in progress");
+                tracing::warn!(
+                    %error,
+                    "could not read the handler's record; releasing the claim if still in progress"
+                );
                 self.release(span, "the handler's record could not be read");
                 State::Finish {
                     result: Some(Ok(response.map(ResponseBody::streaming))),

@@ -51,8 +51,8 @@ impl Claim<PostgresStore> {
     /// than a third of the lease) makes the completion fail with a serialization error
     /// ([`ClaimError::is_store`], its cause SQLSTATE `40001`): nothing commits, the layer
     /// releases the key, and the client's retry runs the handler again. The
-    /// statement runs on your connection, so your transaction's own `statement_timeout` bounds
-    /// it, not the store's.
+    /// statements run on your connection, so your transaction's own `statement_timeout` bounds
+    /// them, not the store's.
     ///
     /// Fails, and then the transaction must not commit (return the error: with `?` the
     /// transaction is dropped and rolls back), with:
