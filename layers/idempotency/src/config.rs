@@ -1,6 +1,8 @@
 //! The settings of one layer and their defaults, shared by the layer, the service and the future.
 
-use http::{HeaderName, Method};
+use crate::predicate::{DefaultPredicate, StorePredicate};
+use http::response::Parts;
+use http::{HeaderMap, HeaderName, Method};
 use std::fmt;
 use std::time::Duration;
 
@@ -91,5 +93,65 @@ impl<F, P> fmt::Debug for Config<F, P> {
             .field("fingerprinter", &std::any::type_name::<F>())
             .field("predicate", &std::any::type_name::<P>())
             .finish()
+    }
+}
+
+/// The rules a response is stored by, wherever it is stored: by the layer, or by a handler in
+/// its own transaction (`Claim::respond_in`), which must keep exactly what the layer would.
+// NOTE: one object so that the claim handed to a handler, which cannot name the layer's
+// predicate type, applies the same predicate and limits as the layer's own write.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) trait StoreRules: Send + Sync {
+    /// The largest response body kept for replay.
+    fn response_limit(&self) -> usize;
+    /// The headers never stored, besides the hop-by-hop ones.
+    fn strip_headers(&self) -> &[HeaderName];
+    /// [`StorePredicate::should_store`].
+    fn should_store(&self, parts: &Parts) -> bool;
+    /// [`StorePredicate::should_store_trailers`].
+    fn should_store_trailers(&self, trailers: &HeaderMap) -> bool;
+}
+
+impl<F, P> StoreRules for Config<F, P>
+where
+    F: Send + Sync,
+    P: StorePredicate + Send + Sync,
+{
+    fn response_limit(&self) -> usize {
+        self.settings.response_limit
+    }
+
+    fn strip_headers(&self) -> &[HeaderName] {
+        &self.settings.strip_headers
+    }
+
+    fn should_store(&self, parts: &Parts) -> bool {
+        self.predicate.should_store(parts)
+    }
+
+    fn should_store_trailers(&self, trailers: &HeaderMap) -> bool {
+        self.predicate.should_store_trailers(trailers)
+    }
+}
+
+/// The layer's defaults, for a claim made without a layer (a job's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DefaultRules;
+
+impl StoreRules for DefaultRules {
+    fn response_limit(&self) -> usize {
+        DEFAULT_RESPONSE_LIMIT
+    }
+
+    fn strip_headers(&self) -> &[HeaderName] {
+        &[]
+    }
+
+    fn should_store(&self, parts: &Parts) -> bool {
+        DefaultPredicate.should_store(parts)
+    }
+
+    fn should_store_trailers(&self, trailers: &HeaderMap) -> bool {
+        DefaultPredicate.should_store_trailers(trailers)
     }
 }

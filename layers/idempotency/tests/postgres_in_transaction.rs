@@ -1,7 +1,8 @@
 //! A handler completing its claim in its own transaction (README "Choosing a store": with the
 //! Postgres store the record commits with the handler's effects; a stale owner's effect never
 //! commits; a duplicate arriving before the commit waits and replays; the layer writes
-//! nothing more, so a fresh request costs the claim plus the handler's own transaction).
+//! nothing more, so a fresh request costs the claim, the handler's own transaction and one
+//! read of the record).
 #![cfg(feature = "postgres")]
 
 use axum::body::Body;
@@ -211,7 +212,7 @@ fn on_records(statements: &[String], what: &str) -> usize {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn the_record_commits_in_the_handlers_transaction_and_the_layer_writes_nothing_more() {
+async fn the_record_commits_in_the_handlers_transaction_and_the_layer_only_reads_that_it_did() {
     use tracing_subscriber::layer::SubscriberExt;
     let statements = Statements::default();
     let _guard = tracing::subscriber::set_default(
@@ -239,14 +240,19 @@ async fn the_record_commits_in_the_handlers_transaction_and_the_layer_writes_not
         "one completion, in the transaction: {fresh:#?}"
     );
     // The claim, then the handler's transaction: its INSERT, the completion, its COMMIT
-    // (logged by sqlx without a statement text). Nothing from the layer after it.
-    assert_eq!(fresh.len(), 4, "{fresh:#?}");
+    // (logged by sqlx without a statement text). After it, the layer only reads whether the
+    // record committed (it checks the record, not a mark on the response), and writes nothing.
+    assert_eq!(fresh.len(), 5, "{fresh:#?}");
     assert!(
         fresh[0].contains("_claim(") && fresh[1].contains("INSERT INTO"),
         "{fresh:#?}"
     );
     assert!(fresh[2].contains(".idem SET state"), "{fresh:#?}");
     assert!(!fresh[3].contains(".idem"), "{fresh:#?}");
+    assert!(
+        fresh[4].trim_start().starts_with("SELECT") && fresh[4].contains(".idem WHERE key"),
+        "{fresh:#?}"
+    );
     let (status, replayed, body) = send(&router, "pay-1").await;
     assert_eq!(
         (status, replayed, body.as_str()),

@@ -15,6 +15,7 @@ pub struct ClaimError {
 #[derive(Debug)]
 enum Kind {
     Lost,
+    AlreadyCompleted,
     Store(StoreError),
     Body(Box<dyn StdError + Send + Sync>),
 }
@@ -22,6 +23,12 @@ enum Kind {
 impl ClaimError {
     pub(crate) fn lost() -> Self {
         Self { kind: Kind::Lost }
+    }
+
+    pub(crate) fn already_completed() -> Self {
+        Self {
+            kind: Kind::AlreadyCompleted,
+        }
     }
 
     pub(crate) fn store(error: StoreError) -> Self {
@@ -43,7 +50,17 @@ impl ClaimError {
         matches!(self.kind, Kind::Lost)
     }
 
-    /// The database failed the statement; the transaction is unusable.
+    /// The claim's record is already completed under this claim: the handler completed it
+    /// once already (`respond_in` or `complete_in`, in this transaction or in one that
+    /// committed). A handler completes its claim once; the first completion is the one that
+    /// counts if its transaction commits.
+    pub fn is_already_completed(&self) -> bool {
+        matches!(self.kind, Kind::AlreadyCompleted)
+    }
+
+    /// The database failed the statement; the transaction is unusable. At `REPEATABLE READ`
+    /// or `SERIALIZABLE` this is also how a lease renewal committed after the transaction's
+    /// snapshot shows: its cause is Postgres's serialization failure (SQLSTATE `40001`).
     pub fn is_store(&self) -> bool {
         matches!(self.kind, Kind::Store(_))
     }
@@ -61,6 +78,10 @@ impl fmt::Display for ClaimError {
                 "idempotency claim lost: its lease ran out and the key may belong to a retry now; \
                  do not commit",
             ),
+            Kind::AlreadyCompleted => f.write_str(
+                "idempotency claim already completed: a handler completes its claim once \
+                 (respond_in or complete_in)",
+            ),
             Kind::Store(error) => write!(f, "could not complete the idempotency claim: {error}"),
             Kind::Body(error) => write!(f, "the response body failed while being stored: {error}"),
         }
@@ -70,7 +91,7 @@ impl fmt::Display for ClaimError {
 impl StdError for ClaimError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match &self.kind {
-            Kind::Lost => None,
+            Kind::Lost | Kind::AlreadyCompleted => None,
             Kind::Store(error) => Some(error),
             Kind::Body(error) => Some(error.as_ref()),
         }
@@ -78,14 +99,25 @@ impl StdError for ClaimError {
 }
 
 /// A lost claim answers `409 Conflict` (the key is another request's now: retrying later
-/// replays its answer), a store failure `503 Service Unavailable`, a failed body `500`.
+/// replays its answer), a store failure `503 Service Unavailable`, a second completion or a
+/// failed body `500`. The layer never stores these answers as the key's, whatever its
+/// [`store_when`](crate::IdempotencyLayer::store_when) predicate says: it releases the claim
+/// (a write fenced by the claim, which changes nothing once the record is completed or
+/// another's), so the retry runs the handler.
 impl axum::response::IntoResponse for ClaimError {
     fn into_response(self) -> axum::response::Response {
         let status = match self.kind {
             Kind::Lost => http::StatusCode::CONFLICT,
             Kind::Store(_) => http::StatusCode::SERVICE_UNAVAILABLE,
-            Kind::Body(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::AlreadyCompleted | Kind::Body(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
         };
-        (status, self.to_string()).into_response()
+        let mut response = (status, self.to_string()).into_response();
+        response.extensions_mut().insert(Refused);
+        response
     }
 }
+
+/// Put on the response of a [`ClaimError`], so that the layer releases the claim instead of
+/// storing that response.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refused;

@@ -5,9 +5,10 @@ mod error;
 mod extract;
 
 pub use self::error::ClaimError;
+pub(crate) use self::error::Refused;
 
-use crate::config::Settings;
-use crate::store::{ClaimToken, StoreKey};
+use crate::config::StoreRules;
+use crate::store::{ClaimToken, StoreFuture, StoreKey};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,11 +23,15 @@ use std::time::Duration;
 /// transaction that writes its effects: both commit, or neither does.
 ///
 /// - HTTP: `claim.respond_in(&mut tx, response)` stores the response the handler returns, and
-///   returns it; the layer sees it was stored and writes nothing more.
+///   returns it; once the handler returns, the layer reads the record and writes nothing more
+///   if it committed (it stores the response itself if the transaction committed without
+///   the record, and releases the key if the transaction rolled back).
 /// - Jobs: `claim.complete_in(&mut tx)` records the job as done.
 ///
 /// Both are fenced: they change the record only while the claim is still this request's (in
-/// progress, same token, lease not run out), and fail with [`ClaimError::is_lost`] otherwise.
+/// progress, same token, lease not run out), and fail with [`ClaimError::is_lost`] otherwise
+/// (or [`ClaimError::is_already_completed`] when this claim already completed it: a handler
+/// completes its claim once).
 /// The handler must then not commit (with `?` the transaction is dropped and rolled back), so a
 /// stale owner, whose lease ran out while it was paused and whose key another request took,
 /// can never commit a second effect. From the completion to the commit the record's row is
@@ -41,12 +46,13 @@ pub struct Claim<St> {
     key: StoreKey,
     token: ClaimToken,
     retention: Duration,
-    // The layer's rules for stored responses (deny-listed headers, size limit); `None` for a
-    // job's claim. Read by the stores that complete in transaction (feature `postgres`).
+    // The layer's rules for stored responses (its predicate, deny-listed headers, size limit);
+    // `None` for a job's claim. Read by the stores that complete in transaction (feature
+    // `postgres`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    settings: Option<Arc<Settings>>,
+    rules: Option<Arc<dyn StoreRules>>,
     // A job's claim: set when the handler completed the record itself, read by
-    // `RunOnceLayer`. A request's claim has none (the layer reads a mark on the response).
+    // `RunOnceLayer`. A request's claim has none (the layer reads the record itself).
     completed: Option<Arc<AtomicBool>>,
 }
 
@@ -66,14 +72,15 @@ impl<St> Claim<St> {
         store: St,
         key: StoreKey,
         token: ClaimToken,
-        settings: Arc<Settings>,
+        retention: Duration,
+        rules: Arc<dyn StoreRules>,
     ) -> Self {
         Self {
             store,
             key,
             token,
-            retention: settings.retention,
-            settings: Some(settings),
+            retention,
+            rules: Some(rules),
             completed: None,
         }
     }
@@ -93,7 +100,7 @@ impl<St> Claim<St> {
             key,
             token,
             retention,
-            settings: None,
+            rules: None,
             completed: Some(completed),
         }
     }
@@ -119,7 +126,7 @@ impl<St> Claim<St> {
     }
 
     /// Whether the handler already completed this job's record itself (`complete_in`); always
-    /// `false` for a request's claim, whose completion marks the response instead.
+    /// `false` for a request's claim, whose record the layer reads instead.
     pub fn is_completed(&self) -> bool {
         self.completed
             .as_ref()
@@ -133,13 +140,43 @@ impl<St> Claim<St> {
         }
     }
 
+    /// The rules a response is stored by: the layer's, or its defaults for a job's claim.
     #[cfg(feature = "postgres")]
-    pub(crate) fn settings(&self) -> Option<&Settings> {
-        self.settings.as_deref()
+    pub(crate) fn rules(&self) -> &dyn StoreRules {
+        match &self.rules {
+            Some(rules) => rules.as_ref(),
+            None => &crate::config::DefaultRules,
+        }
     }
 }
 
-/// Put on a response whose record the handler stored itself (under this token), so the layer
-/// does not store it again.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StoredBy(pub(crate) ClaimToken);
+/// Put on a response whose record the handler wrote in its own transaction (under `token`).
+/// The mark says only that it was written, not that it committed: once the handler has
+/// returned, the layer runs `check` and writes nothing more only if the record is settled.
+#[derive(Clone)]
+pub(crate) struct StoredBy {
+    pub(crate) token: ClaimToken,
+    pub(crate) check: Arc<dyn Fn() -> StoreFuture<Settled> + Send + Sync>,
+}
+
+impl fmt::Debug for StoredBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredBy")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What became of a record a handler wrote in its own transaction, read once it returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Settled {
+    /// Completed under this claim (or no longer this claim's, or its transaction still open):
+    /// the layer writes nothing more.
+    Done,
+    /// Its transaction committed without it (a savepoint around it rolled back): the layer
+    /// stores the response by its own rules, as if the handler had not.
+    Store,
+    /// Its transaction rolled back, the record with it: the layer releases the claim.
+    Release,
+}

@@ -51,7 +51,10 @@ where
     St: IdempotencyStore,
 {
     fn is_unfinished(&self) -> bool {
-        matches!(self.state, State::Run { .. } | State::ReadResponse { .. })
+        matches!(
+            self.state,
+            State::Run { .. } | State::Check { .. } | State::ReadResponse { .. }
+        )
     }
 
     fn background(&self) -> &crate::detached::Detached {
@@ -65,8 +68,8 @@ where
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes>,
     St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
 
@@ -97,6 +100,10 @@ where
                         return Poll::Pending;
                     };
                     ctx.ran(span, result)
+                }
+                StateProj::Check { check, response } => {
+                    let settled = ready!(check.as_mut().poll(cx));
+                    ctx.checked(span, settled, response)
                 }
                 StateProj::ReadResponse {
                     body,
@@ -135,8 +142,8 @@ where
     ReqB: Body,
     ResB: Body,
     St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     pub(super) fn new(
         service: S,

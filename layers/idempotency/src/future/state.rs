@@ -3,7 +3,8 @@
 use super::pending::PendingClaim;
 use super::read::RequestRead;
 use crate::body::{RequestBody, ResponseBody};
-use crate::store::IdempotencyStore;
+use crate::claim::Settled;
+use crate::store::{IdempotencyStore, StoreFuture};
 use bytes::Bytes;
 use http::{response, HeaderMap, Request, Response};
 use http_body::Body;
@@ -26,6 +27,11 @@ pin_project! {
         // Fail-open only: the store failed and the handler runs without a claim.
         Unclaimed { #[pin] future: Fut },
         Run { #[pin] future: Fut },
+        // The handler wrote its record in its own transaction: did it commit?
+        Check {
+            check: StoreFuture<Settled>,
+            response: Option<Response<ResB>>,
+        },
         // Boxed: if the response is too large to store, this body goes to the client as it is.
         ReadResponse {
             body: Option<Pin<Box<ResB>>>,

@@ -7,15 +7,15 @@ use super::replay::{self, problem};
 use super::state::{State, StateOf};
 use super::streaming::StreamingClaim;
 use crate::body::{RequestBody, ResponseBody};
-use crate::claim::{Claim, StoredBy};
-use crate::config::Config;
+use crate::claim::{Claim, Refused as ClaimRefused, Settled, StoredBy};
+use crate::config::{Config, StoreRules};
 use crate::fingerprint::{Fingerprint, Fingerprinter};
 use crate::metrics::Outcome;
 use crate::predicate::StorePredicate;
 use crate::problem::ProblemKind;
 use crate::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, StoreError, StoreKey,
-    StoredResponse,
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, StoreError, StoreFuture,
+    StoreKey, StoredResponse,
 };
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -46,8 +46,8 @@ pub(super) struct Ctx<S, St: IdempotencyStore, F, P> {
 impl<S, St, F, P> Ctx<S, St, F, P>
 where
     St: IdempotencyStore,
-    F: Fingerprinter,
-    P: StorePredicate,
+    F: Fingerprinter + Send + Sync + 'static,
+    P: StorePredicate + Send + Sync + 'static,
 {
     /// Reads the request body up to the limit, then sends the claim.
     pub(super) fn poll_request<ReqB, ResB>(
@@ -120,7 +120,8 @@ where
                         self.store.clone(),
                         self.key,
                         self.token,
-                        Arc::clone(&self.config.settings),
+                        settings.retention,
+                        Arc::clone(&self.config) as Arc<dyn StoreRules>,
                     ));
                 }
                 State::Run {
@@ -179,33 +180,110 @@ where
     {
         match result {
             Ok(mut response) => {
-                if St::COMPLETES_IN_TRANSACTION && self.stored_by_handler(&mut response) {
-                    Outcome::Stored.record(span);
-                    tracing::debug!("the handler stored its response in its own transaction");
+                if response.extensions_mut().remove::<ClaimRefused>().is_some() {
+                    // NOTE: a `ClaimError`'s answer is never a key's answer, whatever the
+                    // predicate: the release is fenced, so it changes nothing if the record is
+                    // completed (a second completion after the first committed) or another's.
+                    self.release(span, "the handler's claim was refused");
                     let response = response.map(ResponseBody::streaming);
                     return State::Finish {
                         result: Some(Ok(response)),
                     };
                 }
-                let (parts, body) = response.into_parts();
-                if self.config.predicate.should_store(&parts) {
-                    return State::ReadResponse {
-                        body: Some(Box::pin(body)),
-                        parts: Some(parts),
-                        collected: Collector::default(),
-                        trailers: None,
-                    };
+                if St::COMPLETES_IN_TRANSACTION {
+                    if let Some(check) = self.stored_by_handler(&mut response) {
+                        return State::Check {
+                            check,
+                            response: Some(response),
+                        };
+                    }
                 }
-                self.release(span, "response not stored");
-                let response = Response::from_parts(parts, ResponseBody::streaming(body));
-                State::Finish {
-                    result: Some(Ok(response)),
-                }
+                self.store_or_release(span, response)
             }
             Err(error) => {
                 self.release(span, "inner service error");
                 State::Finish {
                     result: Some(Err(error)),
+                }
+            }
+        }
+    }
+
+    /// Reads a response the predicate stores, or releases the key for one it does not.
+    fn store_or_release<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        response: Response<ResB>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        let (parts, body) = response.into_parts();
+        if self.config.predicate.should_store(&parts) {
+            return State::ReadResponse {
+                body: Some(Box::pin(body)),
+                parts: Some(parts),
+                collected: Collector::default(),
+                trailers: None,
+            };
+        }
+        self.release(span, "response not stored");
+        let response = Response::from_parts(parts, ResponseBody::streaming(body));
+        State::Finish {
+            result: Some(Ok(response)),
+        }
+    }
+
+    /// Acts on what became of the record the handler wrote in its own transaction.
+    pub(super) fn checked<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        settled: Result<Settled, StoreError>,
+        response: &mut Option<Response<ResB>>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        let Some(response) = response.take() else {
+            tower_once_core::polled_after_completion("ResponseFuture")
+        };
+        match settled {
+            Ok(Settled::Done) => {
+                Outcome::Stored.record(span);
+                tracing::debug!("the handler's own transaction settled its record");
+                if let Some(claim) = self.claim.take() {
+                    drop(claim.disarm());
+                }
+                State::Finish {
+                    result: Some(Ok(response.map(ResponseBody::streaming))),
+                }
+            }
+            Ok(Settled::Store) => {
+                tracing::debug!(
+                    "the handler's transaction committed without its record; storing the response"
+                );
+                self.store_or_release(span, response)
+            }
+            Ok(Settled::Release) => {
+                self.release(span, "the handler's transaction rolled back");
+                State::Finish {
+                    result: Some(Ok(response.map(ResponseBody::streaming))),
+                }
+            }
+            Err(error) => {
+                // NOTE: the release is fenced: a no-op if the record committed, and otherwise
+                // the key is free at once instead of after the lease.
+                tracing::warn!(
+                    %error,
+                    "could not read the handler's record; releasing the claim if still in progress"
+                );
+                self.release(span, "the handler's record could not be read");
+                State::Finish {
+                    result: Some(Ok(response.map(ResponseBody::streaming))),
                 }
             }
         }
@@ -306,17 +384,13 @@ where
         })
     }
 
-    /// Whether the handler stored this very response under this claim (`Claim::respond_in`):
-    /// the record is then written, in the handler's transaction, and the claim is settled.
-    fn stored_by_handler<B>(&mut self, response: &mut Response<B>) -> bool {
+    /// If the handler wrote this very response as this claim's record (`Claim::respond_in`),
+    /// the read that says whether that record committed: the mark alone does not say so (a
+    /// savepoint or the whole transaction may have rolled back after it).
+    fn stored_by_handler<B>(&mut self, response: &mut Response<B>) -> Option<StoreFuture<Settled>> {
         match response.extensions_mut().remove::<StoredBy>() {
-            Some(StoredBy(token)) if token == self.token => {
-                if let Some(claim) = self.claim.take() {
-                    drop(claim.disarm());
-                }
-                true
-            }
-            _ => false,
+            Some(StoredBy { token, check }) if token == self.token => Some(check()),
+            _ => None,
         }
     }
 

@@ -31,9 +31,10 @@
 //! changes between the two), and `complete`, `release` and
 //! `extend` are single statements fenced by the token, the state and the lease. Time is the
 //! database's clock (`clock_timestamp()`), so every replica agrees on when a lease ends. A
-//! request through the layer therefore costs: fresh 2 round trips (claim, complete), or 1 plus
-//! the handler's own transaction when the handler completes its claim in it; replay 1,
-//! conflict 1, mismatch 1.
+//! request through the layer therefore costs: fresh 2 round trips (claim, complete), or, when
+//! the handler completes its claim in its own transaction, the claim, that transaction and one
+//! read-only statement after it (whether the record committed: the layer checks the record,
+//! not the response); replay 1, conflict 1, mismatch 1.
 //!
 //! Expired rows count as absent at once and are deleted by later claims: one fresh claim in
 //! eight deletes up to sixteen expired rows (through the `expires_at` index, skipping rows
@@ -70,9 +71,10 @@ use self::schema::Queries;
 use super::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreFuture, StoreKey,
 };
+use crate::claim::Settled;
 use crate::fingerprint::Fingerprint;
 use sqlx::postgres::{PgArguments, PgPoolOptions};
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -192,8 +194,8 @@ impl PostgresStore {
     }
 
     /// Completes the claim of `key` by `token` on `connection`, inside whatever transaction it
-    /// is in: fenced like [`complete`](IdempotencyStore::complete), so `Ok(false)` when the
-    /// claim is no longer ours. The row stays locked until that transaction ends.
+    /// is in, fenced like [`complete`](IdempotencyStore::complete); when the fence refuses,
+    /// says why. The row stays locked until that transaction ends.
     pub(crate) async fn complete_on(
         &self,
         connection: &mut PgConnection,
@@ -201,10 +203,28 @@ impl PostgresStore {
         token: ClaimToken,
         completion: &Completion,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
-        let statement = completion_statement(&self.shared, &key, token, completion, retention);
-        let done = statement.execute(connection).await.map_err(from_sqlx)?;
-        Ok(done.rows_affected() == 1)
+    ) -> Result<CompletedOn, StoreError> {
+        let query = &self.shared.queries.complete_in;
+        let statement = completion_statement(query, &key, token, completion, retention);
+        let written = statement
+            .fetch_optional(&mut *connection)
+            .await
+            .map_err(from_sqlx)?;
+        if let Some(row) = written {
+            let transaction = row.try_get::<i64, _>(0).map_err(StoreError::corrupt)?;
+            return Ok(CompletedOn::Written(Transaction(transaction)));
+        }
+        let row: Option<(bool, String)> = sqlx::query_as(&self.shared.queries.inspect)
+            .bind(key.as_bytes().as_slice())
+            .bind(*token.as_uuid())
+            .fetch_optional(connection)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(match row {
+            Some((true, state)) if state != "in_progress" => CompletedOn::AlreadyCompleted,
+            // Ours and in progress, yet fenced out: its lease ran out. Or another's, or gone.
+            _ => CompletedOn::Lost,
+        })
     }
 
     fn map_shared(mut self, f: impl FnOnce(&mut Shared)) -> Self {
@@ -235,19 +255,71 @@ impl PostgresStore {
     }
 }
 
+/// What a completion on the handler's connection did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CompletedOn {
+    /// The record is completed, in that transaction (its top-level one's id).
+    Written(Transaction),
+    /// The record was already completed under this claim: by this transaction earlier, or by
+    /// one that committed.
+    AlreadyCompleted,
+    /// The claim is no longer this request's: its lease ran out, and the key may be another's.
+    Lost,
+}
+
+/// The id of the top-level transaction a handler completed its record in (Postgres's
+/// `xid8`), to ask later whether it committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Transaction(i64);
+
+impl PostgresStore {
+    /// What became of the record of `key` that the claim `token` completed in `transaction`,
+    /// asked once the handler returned. One read-only statement.
+    pub(crate) fn settled(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        transaction: Transaction,
+    ) -> StoreFuture<Settled> {
+        self.bounded(move |pool, shared| async move {
+            let row: Option<(bool, String, Option<String>)> =
+                sqlx::query_as(&shared.queries.settled)
+                    .bind(key.as_bytes().as_slice())
+                    .bind(*token.as_uuid())
+                    .bind(transaction.0)
+                    .fetch_optional(&pool)
+                    .await?;
+            Ok(match row {
+                Some((true, state, xact)) if state == "in_progress" => match xact.as_deref() {
+                    // The transaction committed without the record: a savepoint around it
+                    // was rolled back, but the effects after it may have committed.
+                    Some("committed") => Settled::Store,
+                    // The record rolled back with the effects.
+                    Some("aborted") => Settled::Release,
+                    // Still open (handed elsewhere, or its rollback not sent yet), or too old
+                    // to tell: its own end decides; the lease frees the key if it never commits.
+                    _ => Settled::Done,
+                },
+                // Completed under this claim, or no longer this claim's.
+                _ => Settled::Done,
+            })
+        })
+    }
+}
+
 fn default_table() -> TableName {
     TableName::parse(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("the default name is valid"))
 }
 
-/// The fenced completion statement, with its arguments bound.
+/// A fenced completion statement (`complete` or `complete_in`), with its arguments bound.
 fn completion_statement<'q>(
-    shared: &'q Shared,
+    query: &'q str,
     key: &'q StoreKey,
     token: ClaimToken,
     completion: &'q Completion,
     retention: Duration,
 ) -> sqlx::query::Query<'q, Postgres, PgArguments> {
-    let query = sqlx::query(&shared.queries.complete)
+    let query = sqlx::query(query)
         .bind(key.as_bytes().as_slice())
         .bind(*token.as_uuid());
     match completion {
@@ -318,7 +390,8 @@ impl IdempotencyStore for PostgresStore {
         retention: Duration,
     ) -> Self::CompleteFuture {
         self.bounded(move |pool, shared| async move {
-            let statement = completion_statement(&shared, &key, token, &completion, retention);
+            let query = &shared.queries.complete;
+            let statement = completion_statement(query, &key, token, &completion, retention);
             Ok(statement.execute(&pool).await?.rows_affected() == 1)
         })
     }

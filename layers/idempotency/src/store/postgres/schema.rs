@@ -25,6 +25,9 @@ pub(super) struct Queries {
     pub(super) migrate: String,
     pub(super) claim: String,
     pub(super) complete: String,
+    pub(super) complete_in: String,
+    pub(super) inspect: String,
+    pub(super) settled: String,
     pub(super) release: String,
     pub(super) extend: String,
     pub(super) purge: String,
@@ -58,6 +61,22 @@ impl Queries {
                 table.name()
             ),
             complete: format!("UPDATE {t} SET {columns} WHERE {FENCE}"),
+            // NOTE: in the handler's transaction, the completion also answers which top-level
+            // transaction wrote it (a savepoint's included), so that the layer can ask, once
+            // the handler has returned, whether that transaction committed (`settled`).
+            complete_in: format!(
+                "UPDATE {t} SET {columns} WHERE {FENCE} RETURNING pg_current_xact_id()::text::int8"
+            ),
+            settled: format!(
+                "SELECT token = $2 AS mine, state, pg_xact_status($3::text::xid8) AS xact \
+                 FROM {t} WHERE key = $1"
+            ),
+            // NOTE: why a completion in the handler's transaction changed nothing, read with a
+            // lock so that it is the row as last committed: at `REPEATABLE READ` and above, a
+            // row changed since the transaction's snapshot (a lease renewal) fails here with a
+            // serialization error instead of being read from the snapshot, where its lease may
+            // have run out although the claim is still this request's.
+            inspect: format!("SELECT token = $2 AS mine, state FROM {t} WHERE key = $1 FOR SHARE"),
             release: format!("DELETE FROM {t} WHERE {FENCE}"),
             // NOTE: a row locked by another transaction is the owner's own handler completing
             // it in its transaction (nothing else writes a live claim): waiting for that lock

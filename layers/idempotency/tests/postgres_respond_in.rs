@@ -1,0 +1,470 @@
+//! What a handler's own completion may store (`Claim::respond_in` and `Claim::complete_in`, their
+//! rustdoc, and the crate docs' "Records that commit with the effect"): a response written in
+//! the handler's transaction follows the layer's `store_when` rules; a claim error is never a
+//! key's answer; a second completion is refused as such, never reported as lost; and the layer
+//! checks the record, not the response, before it writes nothing more.
+#![cfg(feature = "postgres")]
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use http_body_util::BodyExt;
+use sqlx::{Acquire, PgPool};
+use std::collections::VecDeque;
+use std::error::Error as _;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::ServiceExt;
+use tower_once_idempotency::predicate::StorePredicate;
+use tower_once_idempotency::store::postgres::PostgresStore;
+use tower_once_idempotency::{Claim, ClaimError, IdempotencyLayer};
+use tower_once_test_support::postgres::Schema;
+
+mod support;
+
+/// What the handler does on one run (runs take the plans in order; then [`Plan::Answer`] 201).
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    /// Charge (only for a 2xx), answer `status` through `respond_in`, commit.
+    Answer(StatusCode),
+    /// Charge in a `SERIALIZABLE` transaction, wait (the layer renews the lease meanwhile),
+    /// answer through `respond_in`, commit.
+    SerializableSlow(Duration),
+    /// Charge, answer through `respond_in`, then complete again (`respond_in`, `complete_in`)
+    /// and return the second completion's error.
+    CompleteTwice,
+    /// Charge, answer through `respond_in` inside a savepoint that is rolled back, commit.
+    SavepointRolledBack,
+    /// Charge, answer through `respond_in`, roll the transaction back, return the response.
+    RolledBack,
+}
+
+/// A `ClaimError` the handler saw, as its queries answered.
+#[derive(Debug)]
+struct Refusal {
+    lost: bool,
+    already_completed: bool,
+    store: bool,
+    /// Postgres refused with SQLSTATE 40001 (a serialization failure) somewhere in its causes.
+    serialization: bool,
+    message: String,
+}
+
+impl Refusal {
+    fn of(error: &ClaimError) -> Self {
+        let mut serialization = false;
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = error.source();
+        while let Some(e) = cause {
+            if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
+                serialization |= db.code().as_deref() == Some("40001");
+            }
+            cause = e.source();
+        }
+        Self {
+            lost: error.is_lost(),
+            already_completed: error.is_already_completed(),
+            store: error.is_store(),
+            serialization,
+            message: error.to_string(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    schema: String,
+    runs: Arc<AtomicUsize>,
+    plans: Arc<Mutex<VecDeque<Plan>>>,
+    refusals: Arc<Mutex<Vec<Refusal>>>,
+}
+
+impl App {
+    fn runs(&self) -> usize {
+        self.runs.load(SeqCst)
+    }
+
+    fn refusals(&self) -> Vec<Refusal> {
+        std::mem::take(&mut *self.refusals.lock().unwrap())
+    }
+
+    fn refused(&self, error: ClaimError) -> Response {
+        self.refusals.lock().unwrap().push(Refusal::of(&error));
+        error.into_response()
+    }
+}
+
+async fn charge(State(app): State<App>, claim: Claim<PostgresStore>) -> Response {
+    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    let plan = app
+        .plans
+        .lock()
+        .unwrap()
+        .pop_front()
+        .unwrap_or(Plan::Answer(StatusCode::CREATED));
+    handle(&app, &claim, run, plan)
+        .await
+        .unwrap_or_else(|refused| refused)
+}
+
+async fn handle(
+    app: &App,
+    claim: &Claim<PostgresStore>,
+    run: usize,
+    plan: Plan,
+) -> Result<Response, Response> {
+    let fail = |e: sqlx::Error| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    let answer = format!("charge {run}");
+    let mut tx = claim.store().pool().begin().await.map_err(fail)?;
+    if let Plan::SerializableSlow(_) = plan {
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+    }
+    let status = match plan {
+        Plan::Answer(status) => status,
+        _ => StatusCode::CREATED,
+    };
+    if status.is_success() {
+        // The transaction's first statement: its snapshot, at `SERIALIZABLE`.
+        sqlx::query(&format!(
+            "INSERT INTO {}.charges (amount) VALUES (5)",
+            app.schema
+        ))
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+    }
+    match plan {
+        Plan::Answer(_) => {}
+        Plan::SerializableSlow(wait) => tokio::time::sleep(wait).await,
+        Plan::CompleteTwice => {
+            claim
+                .respond_in(&mut tx, (status, answer.clone()))
+                .await
+                .map_err(|e| app.refused(e))?;
+            let again = claim.respond_in(&mut tx, (status, answer.clone())).await;
+            if let Err(error) = claim.complete_in(&mut tx).await {
+                app.refused(error);
+            }
+            return Err(match again {
+                Ok(_) => (StatusCode::IM_A_TEAPOT, "completed twice").into_response(),
+                Err(error) => app.refused(error),
+            });
+        }
+        Plan::SavepointRolledBack => {
+            let mut savepoint = tx.begin().await.map_err(fail)?;
+            let response = claim
+                .respond_in(&mut savepoint, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            savepoint.rollback().await.map_err(fail)?;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::RolledBack => {
+            let response = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.rollback().await.map_err(fail)?;
+            return Ok(response);
+        }
+    }
+    let response = claim
+        .respond_in(&mut tx, (status, answer))
+        .await
+        .map_err(|e| app.refused(e))?;
+    tx.commit().await.map_err(fail)?;
+    Ok(response)
+}
+
+struct Fixture {
+    schema: Schema,
+    store: PostgresStore,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let schema = Schema::create();
+        let store = support::postgres_store(&schema).await;
+        sqlx::query(&format!(
+            "CREATE TABLE {}.charges (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
+            schema.name
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Self { schema, store }
+    }
+
+    fn pool(&self) -> &PgPool {
+        self.store.pool()
+    }
+
+    /// How many charges committed.
+    async fn charges(&self) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.charges",
+            self.schema.name
+        ))
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
+    }
+
+    fn app<P>(&self, lease: Duration, predicate: P, plans: Vec<Plan>) -> (Router, App)
+    where
+        P: StorePredicate + Clone + Send + Sync + 'static,
+    {
+        let state = App {
+            schema: self.schema.name.clone(),
+            runs: Arc::default(),
+            plans: Arc::new(Mutex::new(plans.into())),
+            refusals: Arc::default(),
+        };
+        let layer = IdempotencyLayer::with_store(self.store.clone())
+            .lease(lease)
+            .store_when(predicate);
+        let router = Router::new()
+            .route("/charges", post(charge))
+            .with_state(state.clone())
+            .layer(layer);
+        (router, state)
+    }
+
+    fn default_app(&self, lease: Duration, plans: Vec<Plan>) -> (Router, App) {
+        self.app(
+            lease,
+            tower_once_idempotency::predicate::DefaultPredicate,
+            plans,
+        )
+    }
+}
+
+/// Sends `body` with `key`: the status, whether it was a replay, the body.
+async fn send(router: &Router, key: &str, body: &'static str) -> (StatusCode, bool, String) {
+    let request = Request::post("/charges")
+        .header("idempotency-key", key)
+        .body(Body::from(body))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        replayed,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+const LEASE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_503_sent_through_respond_in_is_not_stored_and_the_retry_runs_the_handler_again() {
+    let fixture = Fixture::new().await;
+    let (router, app) =
+        fixture.default_app(LEASE, vec![Plan::Answer(StatusCode::SERVICE_UNAVAILABLE)]);
+    let (status, replayed, _) = send(&router, "pay-503", "5").await;
+    assert_eq!((status, replayed), (StatusCode::SERVICE_UNAVAILABLE, false));
+    assert_eq!(fixture.charges().await, 0);
+
+    let (status, replayed, body) = send(&router, "pay-503", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the retry ran the handler"
+    );
+    let (status, replayed, body) = send(&router, "pay-503", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
+}
+
+#[tokio::test]
+async fn a_422_sent_through_respond_in_is_not_stored_and_the_fixed_resend_runs() {
+    let fixture = Fixture::new().await;
+    let (router, app) =
+        fixture.default_app(LEASE, vec![Plan::Answer(StatusCode::UNPROCESSABLE_ENTITY)]);
+    let (status, _, _) = send(&router, "pay-422", "five").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // The client fixes its request and resends it with the same key.
+    let (status, replayed, body) = send(&router, "pay-422", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the fixed resend ran the handler: {body}"
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn respond_in_follows_a_replaced_store_predicate() {
+    let fixture = Fixture::new().await;
+    let only_success = |parts: &http::response::Parts| parts.status.is_success();
+    let (router, app) = fixture.app(
+        LEASE,
+        only_success,
+        vec![Plan::Answer(StatusCode::NOT_FOUND)],
+    );
+    let (status, _, _) = send(&router, "pay-404", "5").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, replayed, _) = send(&router, "pay-404", "5").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "the predicate stores successes only: the 404 was not kept"
+    );
+    let (_, replayed, _) = send(&router, "pay-404", "5").await;
+    assert!(replayed, "the success is");
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_handler_slower_than_its_lease_gets_a_serialization_error_and_the_retry_charges_once(
+) {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    // Renewed every 100 ms while the handler waits: the row it completes changed after its
+    // snapshot, and the version in that snapshot has expired.
+    let (router, app) = fixture.default_app(lease, vec![Plan::SerializableSlow(lease * 3)]);
+    let (status, _, body) = send(&router, "pay-ser", "5").await;
+    let refusals = app.refusals();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    let refusal = &refusals[0];
+    assert!(
+        !refusal.lost,
+        "the claim is still this request's: {refusal:?}"
+    );
+    assert!(
+        refusal.store && refusal.serialization,
+        "a serialization failure, as documented: {refusal:?}"
+    );
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(fixture.charges().await, 0, "the transaction rolled back");
+
+    // The key was not burned: the retry runs and charges, once.
+    let (status, replayed, body) = send(&router, "pay-ser", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2")
+    );
+    let (status, replayed, _) = send(&router, "pay-ser", "5").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_second_completion_in_one_handler_is_refused_as_already_completed_and_the_key_stays_free()
+{
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::CompleteTwice]);
+    let (status, replayed, body) = send(&router, "pay-twice", "5").await;
+    assert!(!replayed);
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let refusals = app.refusals();
+    assert_eq!(
+        refusals.len(),
+        2,
+        "respond_in and complete_in: {refusals:?}"
+    );
+    for refusal in &refusals {
+        assert!(
+            !refusal.lost,
+            "the claim is still this request's: {refusal:?}"
+        );
+        assert!(
+            refusal.already_completed && refusal.message.contains("already completed"),
+            "{refusal:?}"
+        );
+    }
+    assert_eq!(fixture.charges().await, 0, "the handler rolled back");
+
+    let (status, replayed, body) = send(&router, "pay-twice", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_claim_error_is_never_stored_even_by_a_predicate_that_stores_every_response() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.app(
+        LEASE,
+        |_: &http::response::Parts| true,
+        vec![Plan::CompleteTwice],
+    );
+    let (status, _, _) = send(&router, "pay-any", "5").await;
+    assert!(
+        status.is_client_error() || status.is_server_error(),
+        "{status}"
+    );
+    assert_eq!(app.refusals().len(), 2);
+
+    let (status, replayed, body) = send(&router, "pay-any", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the claim error was not the key's answer"
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_rolled_back_with_its_savepoint_is_stored_by_the_layer_and_the_retry_replays() {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (router, app) = fixture.default_app(lease, vec![Plan::SavepointRolledBack]);
+    let (status, replayed, body) = send(&router, "pay-sp", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 1")
+    );
+    assert_eq!(fixture.charges().await, 1, "the charge committed");
+
+    // A retry once the lease would have run out: the record is there, the charge is not repeated.
+    tokio::time::sleep(lease * 2).await;
+    let (status, replayed, body) = send(&router, "pay-sp", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 1")
+    );
+    assert_eq!(app.runs(), 1);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+#[tokio::test]
+async fn a_response_whose_transaction_rolled_back_is_not_stored_and_the_retry_runs_at_once() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::RolledBack]);
+    // The handler returns what `respond_in` gave it, though its transaction rolled back.
+    let (status, _, _) = send(&router, "pay-rb", "5").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(fixture.charges().await, 0, "nothing committed");
+
+    // Not stored, and not left in progress for a lease either.
+    let (status, replayed, body) = send(&router, "pay-rb", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
