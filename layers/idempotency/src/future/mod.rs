@@ -3,6 +3,7 @@
 
 mod claim;
 mod covered;
+mod finish;
 mod finish_on_drop;
 mod pending;
 mod read;

@@ -59,11 +59,13 @@
 //! for any data of yours.
 
 mod error;
+mod handler_record;
 mod in_transaction;
 mod row;
 mod schema;
 
 pub(crate) use self::error::from_sqlx;
+pub(crate) use self::handler_record::{CompletedOn, Transaction};
 pub use self::schema::DEFAULT_TABLE;
 
 use self::row::{decode_claim, header_columns};
@@ -71,10 +73,9 @@ use self::schema::Queries;
 use super::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreFuture, StoreKey,
 };
-use crate::claim::Settled;
 use crate::fingerprint::Fingerprint;
 use sqlx::postgres::{PgArguments, PgPoolOptions};
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgPool, Postgres};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -193,40 +194,6 @@ impl PostgresStore {
         &self.pool
     }
 
-    /// Completes the claim of `key` by `token` on `connection`, inside whatever transaction it
-    /// is in, fenced like [`complete`](IdempotencyStore::complete); when the fence refuses,
-    /// says why. The row stays locked until that transaction ends.
-    pub(crate) async fn complete_on(
-        &self,
-        connection: &mut PgConnection,
-        key: StoreKey,
-        token: ClaimToken,
-        completion: &Completion,
-        retention: Duration,
-    ) -> Result<CompletedOn, StoreError> {
-        let query = &self.shared.queries.complete_in;
-        let statement = completion_statement(query, &key, token, completion, retention);
-        let written = statement
-            .fetch_optional(&mut *connection)
-            .await
-            .map_err(from_sqlx)?;
-        if let Some(row) = written {
-            let transaction = row.try_get::<i64, _>(0).map_err(StoreError::corrupt)?;
-            return Ok(CompletedOn::Written(Transaction(transaction)));
-        }
-        let row: Option<(bool, String)> = sqlx::query_as(&self.shared.queries.inspect)
-            .bind(key.as_bytes().as_slice())
-            .bind(*token.as_uuid())
-            .fetch_optional(connection)
-            .await
-            .map_err(from_sqlx)?;
-        Ok(match row {
-            Some((true, state)) if state != "in_progress" => CompletedOn::AlreadyCompleted,
-            // Ours and in progress, yet fenced out: its lease ran out. Or another's, or gone.
-            _ => CompletedOn::Lost,
-        })
-    }
-
     fn map_shared(mut self, f: impl FnOnce(&mut Shared)) -> Self {
         let mut shared = Shared {
             table: self.shared.table.clone(),
@@ -251,58 +218,6 @@ impl PostgresStore {
                 Ok(result) => result.map_err(from_sqlx),
                 Err(_) => Err(StoreError::timeout()),
             }
-        })
-    }
-}
-
-/// What a completion on the handler's connection did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CompletedOn {
-    /// The record is completed, in that transaction (its top-level one's id).
-    Written(Transaction),
-    /// The record was already completed under this claim: by this transaction earlier, or by
-    /// one that committed.
-    AlreadyCompleted,
-    /// The claim is no longer this request's: its lease ran out, and the key may be another's.
-    Lost,
-}
-
-/// The id of the top-level transaction a handler completed its record in (Postgres's
-/// `xid8`), to ask later whether it committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Transaction(i64);
-
-impl PostgresStore {
-    /// What became of the record of `key` that the claim `token` completed in `transaction`,
-    /// asked once the handler returned. One read-only statement.
-    pub(crate) fn settled(
-        &self,
-        key: StoreKey,
-        token: ClaimToken,
-        transaction: Transaction,
-    ) -> StoreFuture<Settled> {
-        self.bounded(move |pool, shared| async move {
-            let row: Option<(bool, String, Option<String>)> =
-                sqlx::query_as(&shared.queries.settled)
-                    .bind(key.as_bytes().as_slice())
-                    .bind(*token.as_uuid())
-                    .bind(transaction.0)
-                    .fetch_optional(&pool)
-                    .await?;
-            Ok(match row {
-                Some((true, state, xact)) if state == "in_progress" => match xact.as_deref() {
-                    // The transaction committed without the record: a savepoint around it
-                    // was rolled back, but the effects after it may have committed.
-                    Some("committed") => Settled::Store,
-                    // The record rolled back with the effects.
-                    Some("aborted") => Settled::Release,
-                    // Still open (handed elsewhere, or its rollback not sent yet), or too old
-                    // to tell: its own end decides; the lease frees the key if it never commits.
-                    _ => Settled::Done,
-                },
-                // Completed under this claim, or no longer this claim's.
-                _ => Settled::Done,
-            })
         })
     }
 }
