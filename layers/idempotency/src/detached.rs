@@ -1,10 +1,8 @@
 //! The one tracker of the work a layer finishes on tasks of its own, and waiting for it at
-//! shutdown.
+//! shutdown: tokio-util's `TaskTracker`, with the store's own tracker beside it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
 
 /// The work a layer finishes on tasks of its own, all of it: handlers whose clients went away
 /// (they run to completion so their effect is not repeated by the retry), streamed responses
@@ -37,47 +35,35 @@ use tokio::sync::Notify;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Detached {
-    inner: Arc<Inner>,
+    tasks: TaskTracker,
     // The store's own background writes (a completion it sends again), waited for after these.
-    store: Option<Arc<Inner>>,
+    store: Option<TaskTracker>,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    running: AtomicUsize,
-    idle: Notify,
+impl Default for Detached {
+    fn default() -> Self {
+        // NOTE: closed from the start, so that `wait` completes whenever no task runs; a
+        // closed tracker still takes new tasks.
+        let tasks = TaskTracker::new();
+        tasks.close();
+        Self { tasks, store: None }
+    }
 }
 
 impl Detached {
     /// How many such tasks are running now.
     pub fn running(&self) -> usize {
-        let store = self
-            .store
-            .as_ref()
-            .map_or(0, |s| s.running.load(Ordering::Acquire));
-        self.inner.running.load(Ordering::Acquire) + store
+        self.tasks.len() + self.store.as_ref().map_or(0, TaskTracker::len)
     }
 
     /// Completes once no such task is running.
     pub async fn wait(&self) {
         // The layer's first: a write it finishes may leave the store one to send again.
-        Self::idle(&self.inner).await;
+        self.tasks.wait().await;
         if let Some(store) = &self.store {
-            Self::idle(store).await;
-        }
-    }
-
-    async fn idle(inner: &Inner) {
-        loop {
-            let idle = inner.idle.notified();
-            let mut idle = std::pin::pin!(idle);
-            idle.as_mut().enable();
-            if inner.running.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            idle.await;
+            store.wait().await;
         }
     }
 
@@ -85,12 +71,12 @@ impl Detached {
     /// [`IdempotencyStore::background`](crate::store::IdempotencyStore::background)).
     pub(crate) fn including(&self, store: Option<Detached>) -> Self {
         Self {
-            inner: Arc::clone(&self.inner),
-            store: store.map(|s| s.inner),
+            tasks: self.tasks.clone(),
+            store: store.map(|s| s.tasks),
         }
     }
 
-    /// Runs `work` on a task of its own, counted until it ends.
+    /// Runs `work` on a task of its own, counted until it ends (a panic included).
     pub(crate) fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
@@ -99,23 +85,7 @@ impl Detached {
             );
             return;
         };
-        self.inner.running.fetch_add(1, Ordering::AcqRel);
-        let done = Done(Arc::clone(&self.inner));
-        handle.spawn(async move {
-            let _done = done; // counts down even if `work` panics
-            work.await;
-        });
-    }
-}
-
-/// Counts a task down when it ends, however it ends.
-struct Done(Arc<Inner>);
-
-impl Drop for Done {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
+        drop(self.tasks.spawn_on(work, &handle));
     }
 }
 
