@@ -20,8 +20,10 @@
 pub mod attempt;
 pub mod backoff;
 pub mod body;
+pub mod budget;
 pub mod carrier;
 pub mod classify;
+pub mod deadline;
 pub mod replay;
 pub mod resend;
 pub mod table;

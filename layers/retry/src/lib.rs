@@ -124,10 +124,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod attempt;
-pub mod budget;
 /// How long to wait before the next attempt: exponential backoff with jitter (shared with the
 /// circuit breaker's backed-off trips; from [`tower_once_core::backoff`]).
 pub use tower_once_core::backoff;
+/// A retry budget shared by all clones of a layer (shared with the hedging layer; from
+/// [`tower_once_core::budget`]).
+pub use tower_once_core::budget;
 pub mod classify;
 mod config;
 mod error;

@@ -1,7 +1,7 @@
 //! How long one call may take: the smaller of its limit and what is left of its deadline.
 
-use crate::deadline::Deadline;
 use crate::error::Elapsed;
+use crate::Deadline;
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -80,14 +80,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod cap;
-mod deadline;
 mod error;
 pub mod grpc;
 pub mod http;
 mod metrics;
 mod timeout;
 
-pub use self::deadline::{Deadline, InScope};
 pub use self::error::{Elapsed, TimeoutError};
 pub use self::timeout::{ResponseFuture, Timeout, TimeoutLayer};
 pub use tower_once_core::carrier::{self, Carrier};
+pub use tower_once_core::deadline::{Deadline, InScope};

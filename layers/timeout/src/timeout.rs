@@ -1,6 +1,6 @@
 use crate::cap::Cap;
-use crate::deadline::Deadline;
 use crate::error::{Elapsed, TimeoutError};
+use crate::Deadline;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;

@@ -13,7 +13,7 @@ use http::{Request, Response};
 use http_body::Body;
 use std::task::{Context, Poll};
 use tower_once_core::body::BufferedBody;
-use tower_once_core::replay::ReadForReplay;
+use tower_once_core::replay::{ReadForReplay, ReplayRequest};
 use tower_once_core::resend::{may_resend, stamp_idempotency_key};
 use tower_once_core::shard::PerThread;
 use tower_once_core::time::saturating_add;
@@ -122,8 +122,9 @@ where
             );
         }
         let config = self.config.local();
-        match ReadForReplay::ended(req) {
-            Ok(replay) => ResponseFuture::retrying(
+        if ReadForReplay::is_ended(&req) {
+            let replay = ReplayRequest::new(req.into_parts().0, Bytes::new());
+            return ResponseFuture::retrying(
                 crate::ResponseFuture::new(Operation::start(
                     Rebuild::new(service),
                     replay,
@@ -132,17 +133,17 @@ where
                     false,
                 )),
                 started,
-            ),
-            Err(req) => ResponseFuture::reading(
-                ReadForReplay::new(req, self.body_limit, Some(deadline.instant())),
-                Pending {
-                    service,
-                    config,
-                    deadline,
-                },
-                started,
-            ),
+            );
         }
+        ResponseFuture::reading(
+            ReadForReplay::new(req, self.body_limit, Some(deadline.instant())),
+            Pending {
+                service,
+                config,
+                deadline,
+            },
+            started,
+        )
     }
 }
 

@@ -2,10 +2,10 @@
 
 use super::body::TimeoutBody;
 use crate::cap::Cap;
-use crate::deadline::Deadline;
 use crate::error::TimeoutError;
 use crate::grpc;
 use crate::timeout::ResponseFuture as Inner;
+use crate::Deadline;
 use http::{HeaderName, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use std::future::Future;

@@ -2,8 +2,8 @@
 
 use super::body::TimeoutBody;
 use crate::cap::Cap;
-use crate::deadline::Deadline;
 use crate::grpc;
+use crate::Deadline;
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use std::future::Future;

@@ -1,5 +1,6 @@
 //! One monotonic deadline for a whole operation, and how it reaches inner layers.
 
+use crate::carrier::Carrier;
 use pin_project_lite::pin_project;
 use std::cell::Cell;
 use std::future::Future;
@@ -7,7 +8,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
-use tower_once_core::carrier::Carrier;
 
 /// The instant by which an operation (all its attempts and the waits between them) must be done.
 ///
@@ -26,8 +26,8 @@ use tower_once_core::carrier::Carrier;
 ///
 /// [`Deadline::call`] does both: the way a caller gives a call its deadline.
 ///
-/// `RetryLayer` sets both on each attempt; [`TimeoutLayer`](crate::TimeoutLayer) and
-/// [`HttpTimeoutLayer`](crate::http::HttpTimeoutLayer) read both and always keep the earliest.
+/// `RetryLayer` sets both on each attempt; `TimeoutLayer` and `HttpTimeoutLayer` read both and
+/// always keep the earliest.
 ///
 /// | the caller gives the deadline | inner layers in the same task | behind a `Buffer` | on another task |
 /// |---|---|---|---|
@@ -37,7 +37,7 @@ use tower_once_core::carrier::Carrier;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_once_timeout::Deadline;
+/// use tower_once_core::deadline::Deadline;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -63,10 +63,7 @@ impl Deadline {
     /// The deadline `within` from now.
     pub fn after(within: Duration) -> Self {
         // Saturates (about 100 years) instead of panicking on `Duration::MAX`.
-        Self(tower_once_core::time::saturating_add(
-            Instant::now(),
-            within,
-        ))
+        Self(crate::time::saturating_add(Instant::now(), within))
     }
 
     /// The deadline at `instant`.
@@ -132,7 +129,7 @@ impl Deadline {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_once_timeout::Deadline;
+    /// use tower_once_core::deadline::Deadline;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -158,20 +155,17 @@ impl Deadline {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower::ServiceBuilder;
-    /// use tower_once_timeout::{Deadline, TimeoutLayer};
+    /// use tower_once_core::deadline::Deadline;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// let mut svc = ServiceBuilder::new()
-    ///     .layer(TimeoutLayer::new(Duration::from_secs(30)))
-    ///     .service_fn(|job: u32| async move {
-    ///         tokio::time::sleep(Duration::from_secs(5)).await;
-    ///         Ok::<_, std::convert::Infallible>(job)
-    ///     });
+    /// let mut svc = tower::service_fn(|req: http::Request<()>| async move {
+    ///     // What a layer below sees: the deadline the request carries, and the one in scope.
+    ///     Ok::<_, std::convert::Infallible>((Deadline::carried(&req), Deadline::current()))
+    /// });
     /// let deadline = Deadline::after(Duration::from_secs(1));
-    /// let err = deadline.call(&mut svc, 7).await.unwrap_err();
-    /// assert!(err.elapsed().is_some_and(|e| e.is_deadline()));
+    /// let seen = deadline.call(&mut svc, http::Request::new(())).await.unwrap();
+    /// assert_eq!(seen, (Some(deadline), Some(deadline)));
     /// # }
     /// ```
     pub fn call<S, R>(self, service: &mut S, mut request: R) -> InScope<S::Future>
@@ -192,7 +186,7 @@ impl Deadline {
     #[doc(hidden)]
     pub fn scope<R>(self, f: impl FnOnce() -> R) -> R {
         let tightened = Self::earliest(Self::current(), Some(self));
-        tower_once_core::scope::with(&CURRENT, tightened, f).0
+        crate::scope::with(&CURRENT, tightened, f).0
     }
 
     /// Polls `future` inside this deadline's [`scope`](Self::scope): not only its first poll

@@ -21,11 +21,11 @@
 //! two threads may both pass the last unit of allowance, and a count made while its slot turns
 //! over may land in the new slot or be lost.
 
+use crate::shard::{index, Padded, SHARDS};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use tower_once_core::shard::{index, Padded, SHARDS};
 
 const SLOTS: u32 = 10;
 
@@ -33,7 +33,7 @@ const SLOTS: u32 = 10;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_once_retry::budget::RetryBudget;
+/// use tower_once_core::budget::RetryBudget;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -132,8 +132,10 @@ impl RetryBudget {
         self.deposit_at(Instant::now());
     }
 
-    /// [`deposit`](Self::deposit) with a clock reading the caller already has.
-    pub(crate) fn deposit_at(&self, now: Instant) {
+    /// [`deposit`](Self::deposit) with a clock reading the caller already has (the retry
+    /// layer's hot path reads the clock once).
+    #[doc(hidden)]
+    pub fn deposit_at(&self, now: Instant) {
         let epoch = self.epoch(now);
         let slot = self.slot_of(epoch);
         slot.turn_to(epoch);
