@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use tower_once_retry::budget::RetryBudget;
+use tower_once_core::budget::RetryBudget;
 
 /// When to send a hedge.
 #[derive(Debug, Clone)]

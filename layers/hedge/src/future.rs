@@ -11,8 +11,8 @@ use tokio::time::{Instant, Sleep};
 use tower_once_core::attempt::Attempt;
 use tower_once_core::carrier::Carrier;
 use tower_once_core::classify::{Action, Classify};
+use tower_once_core::deadline::Deadline;
 use tower_once_core::shard::Padded;
-use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 /// Makes the copies of a request that hedges send: the same request, the same key.

@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
+use tower_once_core::budget::RetryBudget;
 use tower_once_core::classify::RetryOnError;
 use tower_once_core::shard::PerThread;
-use tower_once_retry::budget::RetryBudget;
 
 /// Sends a copy of a slow request, and returns the first good answer. See the
 /// [crate docs](crate); [`HttpHedgeLayer`](crate::http::HttpHedgeLayer) is the form for

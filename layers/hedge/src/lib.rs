@@ -19,7 +19,7 @@
 //!   `IdempotencyLayer`, a copy that arrives while another copy's handler runs is answered
 //!   `409` (waited out) and one that arrives after it is replayed, so hedging cuts slowness
 //!   before the handler (a slow replica, a lost packet), never inside the handler itself;
-//! - hedges and retries draw on **one** [`RetryBudget`](tower_once_retry::budget::RetryBudget)
+//! - hedges and retries draw on **one** [`RetryBudget`](tower_once_core::budget::RetryBudget)
 //!   (pass the retry layer's to [`budget`](HedgeLayer::budget)), as gRPC's hedging shares its
 //!   retry throttle: in an outage, slow answers do not multiply load;
 //! - no hedge is sent at or after the operation's deadline, which every copy carries.

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use tower_once_core::attempt::{Attempt, Hedged};
 use tower_once_core::carrier::Carrier;
 use tower_once_core::classify::Classify;
+use tower_once_core::deadline::Deadline;
 use tower_once_core::shard::PerThread;
-use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 /// Middleware built by [`HedgeLayer`](crate::HedgeLayer).

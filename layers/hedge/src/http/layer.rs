@@ -3,9 +3,9 @@ use crate::HedgeLayer;
 use std::fmt;
 use std::time::Duration;
 use tower_layer::Layer;
+use tower_once_core::budget::RetryBudget;
 use tower_once_core::classify::HttpClassifier;
 use tower_once_core::shard::PerThread;
-use tower_once_retry::budget::RetryBudget;
 
 /// Hedging for `http::Request`s. See the [module docs](crate::http).
 #[derive(Clone)]

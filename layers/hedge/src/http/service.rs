@@ -10,10 +10,10 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_once_core::body::BufferedBody;
 use tower_once_core::classify::{Classify, HttpClassifier};
+use tower_once_core::deadline::Deadline;
 use tower_once_core::replay::ReadForReplay;
 use tower_once_core::resend::{may_resend, stamp_idempotency_key};
 use tower_once_core::shard::PerThread;
-use tower_once_timeout::Deadline;
 use tower_service::Service;
 
 /// Middleware built by [`HttpHedgeLayer`](super::HttpHedgeLayer).
