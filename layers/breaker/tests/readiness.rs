@@ -171,7 +171,7 @@ async fn a_clone_does_not_inherit_a_reserved_probe_and_the_drop_gives_it_back() 
     assert_eq!(dep.calls(), 2);
 }
 
-// ---- attack 3: the gate's rechecks and the deadline in scope ----
+// The gate's rechecks, and the deadline in scope.
 
 /// Polls `svc.ready()` inside `deadline`'s scope (as a retry layer or a worker does) until
 /// it is ready: how long that took, and how many polls it needed.

@@ -3,12 +3,16 @@
 //! goes straight to the handler, without the `Claim` state, and every promise of the table is
 //! checked for a claim answered at once and for claims that are pending (once, with spurious
 //! wake-ups, over a delay), lost or panicking: replays, conflicts, mismatches, renewed leases,
-//! stored or released records, and never a second run. Paused time; every test counts handler runs.
+//! stored or released records, and never a second run. Many concurrent duplicates make one claim;
+//! a request dropped while its claim is in flight frees the key at once; the handler sees its
+//! claim's `ClaimToken` and the record's `StoreKey` (step 5), the same key for the same request.
+//! Paused time; every test counts handler runs.
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -24,7 +28,8 @@ use tower_once_idempotency::IdempotencyLayer;
 
 mod support;
 
-use support::Handler;
+use support::{post, send, Handler, Req};
+
 type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 /// How the store answers a claim. The claim always takes effect when `claim` is called.
@@ -189,49 +194,6 @@ impl IdempotencyStore for Store {
     }
 }
 
-fn post(uri: &str, body: &'static str) -> Request<Full<Bytes>> {
-    post_as("k", uri, body)
-}
-
-fn post_as(key: &str, uri: &str, body: &'static str) -> Request<Full<Bytes>> {
-    Request::post(uri)
-        .header("idempotency-key", key)
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap()
-}
-
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-}
-
-async fn send<S>(svc: &S, req: Request<Full<Bytes>>) -> Answer
-where
-    S: Service<
-            Request<Full<Bytes>>,
-            Response = Response<tower_once_idempotency::ResponseBody<Full<Bytes>>>,
-        > + Clone,
-    S::Error: std::fmt::Debug,
-{
-    let res = svc.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
-}
-
 /// Lets spawned work (background releases, detached handlers) run, without moving the clock.
 async fn settle() {
     for _ in 0..20 {
@@ -250,7 +212,11 @@ async fn dropped_at_any_poll_while_claiming_never_holds_the_key_nor_runs_twice()
                 let svc = IdempotencyLayer::with_store(store.clone())
                     .cancel_on_disconnect(cancel)
                     .layer(handler.clone());
-                let mut pending = Box::pin(svc.clone().oneshot(post("/c?sleep_ms=1000", "x")));
+                let mut pending = Box::pin(svc.clone().oneshot(post(
+                    "/c?sleep_ms=1000",
+                    Some("k"),
+                    "x",
+                )));
                 for _ in 0..polls {
                     assert!(futures_util::poll!(pending.as_mut()).is_pending(), "{case}");
                     tokio::time::advance(Duration::from_millis(40)).await;
@@ -266,17 +232,17 @@ async fn dropped_at_any_poll_while_claiming_never_holds_the_key_nor_runs_twice()
                         "{case}: a claim that landed after (or whose handler was cancelled \
                          by) the drop is released, not held for a lease"
                     );
-                    let retry = send(&svc, post("/c?sleep_ms=1000", "x")).await;
+                    let retry = send(&svc, post("/c?sleep_ms=1000", Some("k"), "x")).await;
                     assert_eq!(retry.status, StatusCode::CREATED, "{case}: no 409");
                     assert!(!retry.replayed(), "{case}");
                     assert_eq!(handler.runs(), ran + 1, "{case}");
                 } else {
                     // The handler finishes on its own task and its response is stored.
-                    let early = send(&svc, post("/c?sleep_ms=1000", "x")).await;
+                    let early = send(&svc, post("/c?sleep_ms=1000", Some("k"), "x")).await;
                     assert_eq!(early.status, StatusCode::CONFLICT, "{case}: still running");
                     tokio::time::advance(Duration::from_millis(1100)).await;
                     settle().await;
-                    let retry = send(&svc, post("/c?sleep_ms=1000", "x")).await;
+                    let retry = send(&svc, post("/c?sleep_ms=1000", Some("k"), "x")).await;
                     assert!(retry.replayed(), "{case}: the detached run was stored");
                     assert_eq!(retry.body, "run 1: x", "{case}");
                     assert_eq!(handler.runs(), 1, "{case}: the effect happened once");
@@ -295,7 +261,7 @@ async fn a_claim_whose_answer_is_lost_fails_closed_with_503_and_releases_in_the_
         let svc = IdempotencyLayer::with_store(store.clone())
             .unavailable_retry_after(Duration::from_secs(7))
             .layer(handler.clone());
-        let refused = send(&svc, post("/c", "x")).await;
+        let refused = send(&svc, post("/c", Some("k"), "x")).await;
         assert_eq!(
             refused.status,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -308,7 +274,7 @@ async fn a_claim_whose_answer_is_lost_fails_closed_with_503_and_releases_in_the_
             store.memory.is_empty(),
             "{claims:?}: the claim that landed was released in the background"
         );
-        let retry = send(&svc, post("/c", "x")).await;
+        let retry = send(&svc, post("/c", Some("k"), "x")).await;
         assert_eq!(retry.status, StatusCode::CREATED, "{claims:?}: no 409");
         assert_eq!(handler.runs(), 1, "{claims:?}");
     }
@@ -323,7 +289,7 @@ async fn a_claim_whose_answer_is_lost_fails_open_without_a_claim_and_releases() 
         let svc = IdempotencyLayer::with_store(store.clone())
             .fail_open(true)
             .layer(handler.clone());
-        let ran = send(&svc, post("/c", "x")).await;
+        let ran = send(&svc, post("/c", Some("k"), "x")).await;
         assert_eq!(ran.status, StatusCode::CREATED, "{claims:?}");
         assert_eq!(handler.runs(), 1, "{claims:?}: fail-open runs it");
         assert_eq!(
@@ -349,19 +315,19 @@ async fn existing_records_replay_conflict_and_mismatch_whichever_way_the_claim_a
             .layer(handler.clone());
         let running = tokio::spawn({
             let svc = svc.clone();
-            async move { send(&svc, post("/c?sleep_ms=5000", "x")).await }
+            async move { send(&svc, post("/c?sleep_ms=5000", Some("k"), "x")).await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(handler.runs(), 1, "{claims:?}");
-        let busy = send(&svc, post("/c?sleep_ms=5000", "x")).await;
+        let busy = send(&svc, post("/c?sleep_ms=5000", Some("k"), "x")).await;
         assert_eq!(busy.status, StatusCode::CONFLICT, "{claims:?}");
         assert!(busy.headers.contains_key("retry-after"), "{claims:?}");
         let first = running.await.unwrap();
         assert_eq!(first.status, StatusCode::CREATED, "{claims:?}");
-        let replay = send(&svc, post("/c?sleep_ms=5000", "x")).await;
+        let replay = send(&svc, post("/c?sleep_ms=5000", Some("k"), "x")).await;
         assert!(replay.replayed(), "{claims:?}");
         assert_eq!(replay.body, first.body, "{claims:?}");
-        let other = send(&svc, post("/c?sleep_ms=5000", "y")).await;
+        let other = send(&svc, post("/c?sleep_ms=5000", Some("k"), "y")).await;
         assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{claims:?}");
         assert_eq!(handler.runs(), 1, "{claims:?}: the duplicates ran nothing");
     }
@@ -380,7 +346,7 @@ async fn the_lease_is_renewed_whether_the_claim_answered_at_once_or_later_even_d
                 .layer(handler.clone());
             let first = tokio::spawn({
                 let svc = svc.clone();
-                async move { send(&svc, post("/c?sleep_ms=20000", "x")).await }
+                async move { send(&svc, post("/c?sleep_ms=20000", Some("k"), "x")).await }
             });
             tokio::time::sleep(Duration::from_millis(500)).await;
             assert_eq!(handler.runs(), 1, "{case}");
@@ -390,7 +356,7 @@ async fn the_lease_is_renewed_whether_the_claim_answered_at_once_or_later_even_d
             }
             // Well past several leases: without renewal the key would be free by now.
             tokio::time::sleep(Duration::from_secs(15)).await;
-            let dup = send(&svc, post("/c?sleep_ms=20000", "x")).await;
+            let dup = send(&svc, post("/c?sleep_ms=20000", Some("k"), "x")).await;
             assert_eq!(
                 dup.status,
                 StatusCode::CONFLICT,
@@ -402,7 +368,7 @@ async fn the_lease_is_renewed_whether_the_claim_answered_at_once_or_later_even_d
                 store.extends.load(SeqCst)
             );
             tokio::time::sleep(Duration::from_secs(10)).await;
-            let retry = send(&svc, post("/c?sleep_ms=20000", "x")).await;
+            let retry = send(&svc, post("/c?sleep_ms=20000", Some("k"), "x")).await;
             assert!(retry.replayed(), "{case}: the response was stored");
             assert_eq!(retry.body, "run 1: x", "{case}");
             assert_eq!(handler.runs(), 1, "{case}");
@@ -422,7 +388,7 @@ async fn a_ready_claim_with_slow_writes_stores_or_releases_even_if_the_client_le
                 .layer(handler.clone());
 
             // Stored: the handler answers at once, the completion is in flight, the client leaves.
-            let mut pending = Box::pin(svc.clone().oneshot(post("/c", "x")));
+            let mut pending = Box::pin(svc.clone().oneshot(post("/c", Some("k"), "x")));
             for _ in 0..4 {
                 if handler.runs() == 1 {
                     break;
@@ -435,12 +401,16 @@ async fn a_ready_claim_with_slow_writes_stores_or_releases_even_if_the_client_le
             drop(pending);
             tokio::time::advance(Duration::from_millis(600)).await;
             settle().await;
-            let retry = send(&svc, post("/c", "x")).await;
+            let retry = send(&svc, post("/c", Some("k"), "x")).await;
             assert!(retry.replayed(), "{case}: the completion in flight landed");
             assert_eq!(handler.runs(), 1, "{case}");
 
             // Released: the handler answers 500, the release is in flight, the client leaves.
-            let mut pending = Box::pin(svc.clone().oneshot(post_as("other", "/d?status=500", "x")));
+            let mut pending = Box::pin(svc.clone().oneshot(post(
+                "/d?status=500",
+                Some("other"),
+                "x",
+            )));
             for _ in 0..4 {
                 if handler.runs() == 2 {
                     break;
@@ -474,7 +444,7 @@ async fn a_claim_future_that_panics_runs_nothing_and_frees_the_key_within_its_le
             .layer(handler.clone());
         let crashed = tokio::spawn({
             let svc = svc.clone();
-            async move { send(&svc, post("/c", "x")).await }
+            async move { send(&svc, post("/c", Some("k"), "x")).await }
         });
         let error = crashed
             .await
@@ -483,7 +453,7 @@ async fn a_claim_future_that_panics_runs_nothing_and_frees_the_key_within_its_le
         assert_eq!(handler.runs(), 0, "{claims:?}");
         tokio::time::advance(lease + Duration::from_millis(10)).await;
         settle().await;
-        let retry = send(&svc, post("/c", "x")).await;
+        let retry = send(&svc, post("/c", Some("k"), "x")).await;
         assert_eq!(
             retry.status,
             StatusCode::CREATED,
@@ -491,4 +461,146 @@ async fn a_claim_future_that_panics_runs_nothing_and_frees_the_key_within_its_le
         );
         assert_eq!(handler.runs(), 1, "{claims:?}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_concurrent_duplicates_run_the_handler_once() {
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new().layer(handler.clone());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { send(&svc, post("/c?sleep_ms=50", Some("same"), "x")).await })
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        let res = task.await.unwrap();
+        match res.status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::CONFLICT => {
+                assert_eq!(res.problem_type(), "urn:tower-once:idempotency:in-progress")
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(handler.runs(), 1);
+    assert!(created >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn handler_sees_its_claim_token() {
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new().layer(handler.clone());
+    send(&svc, post("/c?status=500", Some("k"), "x")).await;
+    send(&svc, post("/c", Some("k"), "x")).await;
+    send(&svc, post("/c", None, "x")).await;
+    let tokens = handler.tokens.lock().unwrap().clone();
+    assert_eq!(
+        tokens.len(),
+        2,
+        "keyed runs carry a token, unkeyed ones do not"
+    );
+    assert_ne!(tokens[0], tokens[1], "each claim has its own token");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_handler_sees_the_records_key_the_same_for_the_same_request() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let svc = IdempotencyLayer::new().layer(tower::service_fn(move |req: Req| {
+        s.lock()
+            .unwrap()
+            .push(req.extensions().get::<StoreKey>().copied());
+        async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(503)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }
+    }));
+    // A 503 releases the key, so the retry runs again: it must see the same key (a job id
+    // derived from it is the same), and another key another one.
+    send(&svc, post("/charge", Some("k1"), "{}")).await;
+    send(&svc, post("/charge", Some("k1"), "{}")).await;
+    send(&svc, post("/charge", Some("k2"), "{}")).await;
+    let seen: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|k| k.map(|k| k.to_string()).unwrap_or_default())
+        .collect();
+    assert_eq!(seen.len(), 3);
+    assert!(!seen[0].is_empty());
+    assert_eq!(seen[0], seen[1]);
+    assert_ne!(seen[0], seen[2]);
+}
+
+/// A memory store whose claims answer after 100 ms, like a store across a network: the claim
+/// takes effect when it arrives; the answer is what is in flight.
+#[derive(Clone)]
+struct SlowClaims(MemoryStore);
+
+impl IdempotencyStore for SlowClaims {
+    type ClaimFuture = Boxed<ClaimOutcome>;
+    type CompleteFuture = <MemoryStore as IdempotencyStore>::CompleteFuture;
+    type ReleaseFuture = <MemoryStore as IdempotencyStore>::ReleaseFuture;
+    type ExtendFuture = <MemoryStore as IdempotencyStore>::ExtendFuture;
+
+    fn claim(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Self::ClaimFuture {
+        let landed = self.0.claim(key, token, fp, lease);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            landed.await
+        })
+    }
+    fn complete(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        c: Completion,
+        r: Duration,
+    ) -> Self::CompleteFuture {
+        self.0.complete(key, token, c, r)
+    }
+    fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
+        self.0.release(key, token)
+    }
+    fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
+        self.0.extend(key, token, lease)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_request_while_its_claim_is_in_flight_frees_the_key() {
+    let memory = MemoryStore::new();
+    let handler = Handler::default();
+    let mut svc = IdempotencyLayer::with_store(SlowClaims(memory.clone())).layer(handler.clone());
+    let mut pending = Box::pin(svc.ready().await.unwrap().call(post("/c", Some("k"), "x")));
+    assert!(
+        futures_util::poll!(pending.as_mut()).is_pending(),
+        "the claim is in flight"
+    );
+    drop(pending); // the client went away before the store answered
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        memory.is_empty(),
+        "the claim that landed was released, not left for a lease"
+    );
+
+    let retry = send(&svc, post("/c", Some("k"), "x")).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the retry runs at once, no 409"
+    );
+    assert_eq!(handler.runs(), 1);
 }

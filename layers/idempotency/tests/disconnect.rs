@@ -1,8 +1,8 @@
 //! A client that goes away while its handler runs (README "What the idempotency layer answers": the
 //! handler runs to completion on a task of its own and its response is stored, so the retry is
 //! replayed; `cancel_on_disconnect(true)` drops it and releases the key instead): a response future
-//! dropped under `tower::timeout`, an HTTP/2 stream reset over real hyper, and a detached handler
-//! that panics. Every test counts handler runs.
+//! dropped under `tower::timeout` or by its caller (paused time), an HTTP/2 stream reset over real
+//! hyper, and a detached handler that panics. Every test counts handler runs.
 
 mod support;
 
@@ -16,17 +16,10 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use support::serve;
-use tower::{Layer, ServiceExt};
+use support::{post, send, serve, Handler};
+use tower::{Layer, Service, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::{IdempotencyLayer, RequestBody};
-
-fn post() -> Request<Full<Bytes>> {
-    Request::post("/events")
-        .header("idempotency-key", "k")
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .unwrap()
-}
 
 /// The response future is dropped (client gone, or `tower::timeout` around the layer)
 /// while the handler runs; the handler finishes on its own task and the retry is replayed.
@@ -44,9 +37,12 @@ async fn timeout_around_the_layer_still_stores_the_response() {
     });
     let svc = IdempotencyLayer::with_store(MemoryStore::new()).layer(slow);
     let timed = tower::timeout::TimeoutLayer::new(Duration::from_secs(1)).layer(svc.clone());
-    assert!(timed.oneshot(post()).await.is_err());
+    assert!(timed
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .is_err());
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let retry = svc.oneshot(post()).await.unwrap();
+    let retry = svc.oneshot(post("/events", Some("k"), "{}")).await.unwrap();
     assert_eq!(runs.load(SeqCst), 1);
     assert!(retry.headers().contains_key("idempotent-replayed"));
 }
@@ -70,10 +66,13 @@ async fn cancel_on_disconnect_drops_and_releases() {
         .cancel_on_disconnect(true)
         .layer(slow);
     let timed = tower::timeout::TimeoutLayer::new(Duration::from_secs(1)).layer(svc.clone());
-    assert!(timed.oneshot(post()).await.is_err());
+    assert!(timed
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .is_err());
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(finished.load(SeqCst), 0, "the handler was dropped");
-    let retry = svc.oneshot(post()).await.unwrap();
+    let retry = svc.oneshot(post("/events", Some("k"), "{}")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::OK);
     assert!(!retry.headers().contains_key("idempotent-replayed"));
     assert_eq!((started.load(SeqCst), finished.load(SeqCst)), (2, 1));
@@ -97,9 +96,12 @@ async fn a_detached_handler_that_panics_releases_the_key() {
     });
     let svc = IdempotencyLayer::with_store(MemoryStore::new()).layer(svc);
     let timed = tower::timeout::TimeoutLayer::new(Duration::from_secs(1)).layer(svc.clone());
-    assert!(timed.oneshot(post()).await.is_err());
+    assert!(timed
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .is_err());
     tokio::time::sleep(Duration::from_secs(3)).await; // less than the 10 s lease
-    let retry = svc.oneshot(post()).await.unwrap();
+    let retry = svc.oneshot(post("/events", Some("k"), "{}")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::OK);
     assert_eq!(calls.load(SeqCst), 2);
 }
@@ -159,4 +161,52 @@ async fn http2_rst_stream_mid_handler_is_replayed() {
     assert_eq!(answer.status(), StatusCode::CREATED);
     assert!(answer.headers().contains_key("idempotent-replayed"));
     assert_eq!((runs.load(SeqCst), started.load(SeqCst)), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_gone_mid_run_still_finishes_the_handler_and_the_retry_is_replayed() {
+    let handler = Handler::default();
+    let mut svc = IdempotencyLayer::new().layer(handler.clone());
+    let mut pending = Box::pin(svc.ready().await.unwrap().call(post(
+        "/c?sleep_ms=5000",
+        Some("k"),
+        "x",
+    )));
+    assert!(futures_util::poll!(pending.as_mut()).is_pending());
+    assert_eq!(handler.runs(), 1);
+    assert_eq!(svc.store_ref().len(), 1, "claimed while running");
+    drop(pending); // the client went away (timed out, disconnected)
+    tokio::task::yield_now().await;
+    assert_eq!(svc.store_ref().len(), 1, "the key is still held");
+
+    let early = send(&svc, post("/c?sleep_ms=5000", Some("k"), "x")).await;
+    assert_eq!(early.status, StatusCode::CONFLICT, "still running");
+
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let retry = send(&svc, post("/c?sleep_ms=5000", Some("k"), "x")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(handler.runs(), 1, "the effect happened once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_on_disconnect_drops_the_handler_and_releases_the_key() {
+    let handler = Handler::default();
+    let mut svc = IdempotencyLayer::new()
+        .cancel_on_disconnect(true)
+        .layer(handler.clone());
+    let mut pending = Box::pin(svc.ready().await.unwrap().call(post(
+        "/c?sleep_ms=60000",
+        Some("k"),
+        "x",
+    )));
+    assert!(futures_util::poll!(pending.as_mut()).is_pending());
+    assert_eq!(handler.runs(), 1);
+    drop(pending);
+    tokio::task::yield_now().await;
+    assert!(svc.store_ref().is_empty(), "dropping released the key");
+
+    let retry = send(&svc, post("/c", Some("k"), "x")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2, "the client's retry ran");
 }

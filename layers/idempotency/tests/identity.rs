@@ -6,15 +6,20 @@
 //! apart. Every test counts handler runs.
 
 use axum::extract::Path;
-use axum::routing::post;
+use axum::routing;
 use axum::Router;
+use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::Full;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::IdempotencyLayer;
+
+mod support;
+
+use support::{post, send};
 
 /// Counts handler runs per decoded account id.
 #[derive(Clone, Default)]
@@ -30,33 +35,23 @@ impl Runs {
 }
 
 fn charges(runs: Runs) -> axum::routing::MethodRouter {
-    post(move |Path(params): Path<HashMap<String, String>>| {
+    routing::post(move |Path(params): Path<HashMap<String, String>>| {
         let id = params.get("id").cloned().unwrap_or_default();
         *runs.0.lock().unwrap().entry(id.clone()).or_default() += 1;
         async move { (StatusCode::CREATED, id) }
     })
 }
 
-async fn send<S, B>(app: &S, path: &str, key: &str) -> (StatusCode, bool, String)
+/// A keyed `POST` of `{}` to `path`: (status, replayed, body).
+async fn charge<S, B>(app: &S, path: &str, key: &str) -> (StatusCode, bool, String)
 where
-    S: Service<Request<axum::body::Body>, Response = http::Response<B>> + Clone,
+    S: Service<Request<Full<Bytes>>, Response = http::Response<B>> + Clone,
     S::Error: std::fmt::Debug,
     B: axum::body::HttpBody<Data = bytes::Bytes>,
     B::Error: std::fmt::Debug,
 {
-    let req = Request::post(path)
-        .header("idempotency-key", key)
-        .body(axum::body::Body::from("{}"))
-        .unwrap();
-    let res = app.clone().oneshot(req).await.unwrap();
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let status = res.status();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        replayed,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
+    let answer = send(app, post(path, Some(key), "{}")).await;
+    (answer.status, answer.replayed(), answer.text())
 }
 
 /// axum routes `/accounts/%61/charges` to the same handler as `/accounts/a/charges` (the `Path`
@@ -70,8 +65,8 @@ async fn a_percent_encoded_path_is_the_same_resource_and_the_same_record() {
         .route("/charges", charges(runs.clone()))
         .layer(IdempotencyLayer::with_store(MemoryStore::new()));
     let app = Router::new().nest("/accounts/{id}", api);
-    let (s1, r1, b1) = send(&app, "/accounts/a/charges", "k").await;
-    let (s2, r2, b2) = send(&app, "/accounts/%61/charges", "k").await;
+    let (s1, r1, b1) = charge(&app, "/accounts/a/charges", "k").await;
+    let (s2, r2, b2) = charge(&app, "/accounts/%61/charges", "k").await;
     assert_eq!((s1, b1.as_str(), r1), (StatusCode::CREATED, "a", false));
     assert_eq!(b2, "a", "axum routed both to account a");
     assert_eq!(
@@ -89,9 +84,9 @@ async fn a_percent_encoded_path_without_nest_is_a_separate_record_too() {
     let app = Router::new()
         .route("/accounts/{id}/charges", charges(runs.clone()))
         .layer(IdempotencyLayer::with_store(MemoryStore::new()));
-    send(&app, "/accounts/ab/charges", "k").await;
-    send(&app, "/accounts/a%62/charges", "k").await;
-    send(&app, "/accounts/%61%62/charges", "k").await;
+    charge(&app, "/accounts/ab/charges", "k").await;
+    charge(&app, "/accounts/a%62/charges", "k").await;
+    charge(&app, "/accounts/%61%62/charges", "k").await;
     assert_eq!(
         runs.of("ab"),
         1,
@@ -111,8 +106,8 @@ async fn trailing_slash_variant() {
             .route("/", charges(runs.clone()))
             .layer(IdempotencyLayer::new()),
     );
-    let (a, _, _) = send(&app, "/payments", "k").await;
-    let (b, replayed, _) = send(&app, "/payments/", "k").await;
+    let (a, _, _) = charge(&app, "/payments", "k").await;
+    let (b, replayed, _) = charge(&app, "/payments/", "k").await;
     eprintln!("/payments -> {a}, /payments/ -> {b} (replayed: {replayed})");
     if a.is_success() && b.is_success() {
         assert!(
@@ -126,13 +121,13 @@ async fn trailing_slash_variant() {
 /// Checks that two resources never share a record and that each one's retry is replayed.
 async fn separate<S, B>(app: S, a: &str, b: &str, runs: &Runs)
 where
-    S: Service<Request<axum::body::Body>, Response = http::Response<B>> + Clone,
+    S: Service<Request<Full<Bytes>>, Response = http::Response<B>> + Clone,
     S::Error: std::fmt::Debug,
     B: axum::body::HttpBody<Data = bytes::Bytes>,
     B::Error: std::fmt::Debug,
 {
-    let (sa, ra, _) = send(&app, a, "k").await;
-    let (sb, rb, _) = send(&app, b, "k").await;
+    let (sa, ra, _) = charge(&app, a, "k").await;
+    let (sb, rb, _) = charge(&app, b, "k").await;
     assert_eq!(
         (sa, sb),
         (StatusCode::CREATED, StatusCode::CREATED),
@@ -140,7 +135,7 @@ where
     );
     assert!(!ra && !rb, "{b} was answered with {a}'s record");
     assert_eq!(runs.total(), 2);
-    let (_, again, _) = send(&app, b, "k").await;
+    let (_, again, _) = charge(&app, b, "k").await;
     assert!(again, "{b}'s retry is replayed");
     assert_eq!(runs.total(), 2);
 }

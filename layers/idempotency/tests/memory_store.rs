@@ -4,13 +4,18 @@
 //! handler ran, and a tenant's flood of fresh keys or claims in progress never costs another tenant
 //! a completed record. Paused time.
 
+mod support;
+
 use http::StatusCode;
 use std::time::Duration;
+use support::{post, send, Handler};
+use tower::Layer;
 use tower_once_idempotency::fingerprint::Fingerprint;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, MemoryStore, RecordState, StoreKey,
     StoredResponse,
 };
+use tower_once_idempotency::IdempotencyLayer;
 
 const FP: Fingerprint = Fingerprint::from_bytes([9; 32]);
 const LEASE: Duration = Duration::from_secs(10);
@@ -184,14 +189,15 @@ async fn an_in_progress_flood_at_parity_never_evicts_a_bystanders_payment() {
 
 /// Through the real layer on an axum `Router`, tenants scoped by a header, paused time.
 mod through_the_layer {
-    use axum::routing::post;
+    use super::support::{post_with, send};
+    use axum::routing;
     use axum::Router;
-    use http::{Request, StatusCode};
-    use http_body_util::BodyExt;
+    use http::StatusCode;
+
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-    use tower::ServiceExt;
+
     use tower_once_idempotency::scope::HeaderScope;
     use tower_once_idempotency::store::MemoryStore;
     use tower_once_idempotency::IdempotencyLayer;
@@ -204,7 +210,7 @@ mod through_the_layer {
         Router::new()
             .route(
                 "/charges",
-                post(move |headers: http::HeaderMap, body: String| {
+                routing::post(move |headers: http::HeaderMap, body: String| {
                     let tenant = headers["x-tenant"].to_str().unwrap().to_owned();
                     let mut runs = runs.lock().unwrap();
                     let n = runs.entry(tenant.clone()).or_default();
@@ -221,16 +227,13 @@ mod through_the_layer {
     }
 
     async fn post_charge(app: &Router, tenant: &str, key: &str, body: &str) -> (StatusCode, bool) {
-        let req = Request::post("/charges")
-            .header("idempotency-key", key)
-            .header("x-tenant", tenant)
-            .body(axum::body::Body::from(body.to_owned()))
-            .unwrap();
-        let res = app.clone().oneshot(req).await.unwrap();
-        let replayed = res.headers().contains_key("idempotent-replayed");
-        let status = res.status();
-        res.into_body().collect().await.unwrap();
-        (status, replayed)
+        let req = post_with(
+            "/charges",
+            &[("idempotency-key", key), ("x-tenant", tenant)],
+            body,
+        );
+        let answer = send(app, req).await;
+        (answer.status, answer.replayed())
     }
 
     /// Tenant A floods fresh keys into a full store (one shard of 6 entries: at parity once A holds 3); tenant B's
@@ -316,4 +319,34 @@ async fn a_completion_born_expired_never_costs_a_live_response() {
         "absent (a retry would run the handler again)",
         "at its end: never answered"
     );
+}
+
+/// Was broken: when the memory store's bytes were full, a new response made room by
+/// forgetting older records, so the retry of an older key ran its handler a second time. Now
+/// the older record only loses its response: its retry is `409 not-replayable`, never a run.
+#[tokio::test(start_paused = true)]
+async fn byte_pressure_drops_old_responses_but_never_reruns_their_handlers() {
+    use tower_once_idempotency::store::MemoryStore;
+    let handler = Handler::default();
+    // 10 entries: one shard, so the whole byte bound applies to these keys.
+    let store = MemoryStore::builder()
+        .max_entries(10)
+        .max_bytes(1_000)
+        .build();
+    let svc = IdempotencyLayer::new().store(store).layer(handler.clone());
+    let first = send(&svc, post("/c?big=600", Some("old"), "x")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let second = send(&svc, post("/c?big=600", Some("new"), "x")).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 2);
+
+    let replay = send(&svc, post("/c?big=600", Some("new"), "x")).await;
+    assert!(replay.replayed(), "the newer response is kept");
+    let retry = send(&svc, post("/c?big=600", Some("old"), "x")).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(
+        retry.problem_type(),
+        "urn:tower-once:idempotency:not-replayable"
+    );
+    assert_eq!(handler.runs(), 2, "the older key's handler ran again");
 }

@@ -4,17 +4,19 @@
 //! nested router sees.
 
 use axum::extract::Path;
-use axum::routing::post;
+use axum::routing;
 use axum::Router;
-use http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use tower::ServiceExt;
 use tower_once_idempotency::scope::HeaderScope;
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::IdempotencyLayer;
+
+mod support;
+
+use support::{post, post_with, send};
 
 #[derive(Clone, Default)]
 struct Runs(Arc<AtomicUsize>);
@@ -30,7 +32,7 @@ fn accounts(store: MemoryStore, runs: Runs) -> Router {
     let api = Router::new()
         .route(
             "/charges",
-            post(move |body: String| {
+            routing::post(move |body: String| {
                 let n = runs.0.fetch_add(1, SeqCst) + 1;
                 async move { (StatusCode::CREATED, format!("charge {n}: {body}")) }
             }),
@@ -39,42 +41,36 @@ fn accounts(store: MemoryStore, runs: Runs) -> Router {
     Router::new().nest("/accounts/{id}", api)
 }
 
-async fn send(
+/// A keyed `POST` of `body` to `path` as `tenant`: (status, replayed, body).
+async fn charge(
     app: &Router,
     path: &str,
     tenant: &str,
     key: &str,
     body: &str,
 ) -> (StatusCode, bool, String) {
-    let req = Request::post(path)
-        .header("idempotency-key", key)
-        .header("x-tenant", tenant)
-        .body(axum::body::Body::from(body.to_owned()))
-        .unwrap();
-    let res = app.clone().oneshot(req).await.unwrap();
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let status = res.status();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        replayed,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
+    let req = post_with(
+        path,
+        &[("idempotency-key", key), ("x-tenant", tenant)],
+        body,
+    );
+    let answer = send(app, req).await;
+    (answer.status, answer.replayed(), answer.text())
 }
 
 #[tokio::test]
 async fn another_account_with_the_same_key_and_body_runs_its_own_handler() {
     let runs = Runs::default();
     let app = accounts(MemoryStore::new(), runs.clone());
-    let (a, replayed_a, _) = send(&app, "/accounts/A/charges", "t", "k", "{}").await;
-    let (b, replayed_b, _) = send(&app, "/accounts/B/charges", "t", "k", "{}").await;
+    let (a, replayed_a, _) = charge(&app, "/accounts/A/charges", "t", "k", "{}").await;
+    let (b, replayed_b, _) = charge(&app, "/accounts/B/charges", "t", "k", "{}").await;
     assert_eq!((a, b), (StatusCode::CREATED, StatusCode::CREATED));
     assert!(
         !replayed_a && !replayed_b,
         "B is not answered with A's charge"
     );
     assert_eq!(runs.get(), 2);
-    let (_, again, _) = send(&app, "/accounts/B/charges", "t", "k", "{}").await;
+    let (_, again, _) = charge(&app, "/accounts/B/charges", "t", "k", "{}").await;
     assert!(again, "B's own retry is replayed");
     assert_eq!(runs.get(), 2);
 }
@@ -84,7 +80,7 @@ async fn two_nested_routers_sharing_a_store_never_replay_each_other() {
     let store = MemoryStore::new();
     let (payments, refunds) = (Runs::default(), Runs::default());
     let handler = |runs: Runs| {
-        post(move || {
+        routing::post(move || {
             runs.0.fetch_add(1, SeqCst);
             async { StatusCode::CREATED }
         })
@@ -103,8 +99,8 @@ async fn two_nested_routers_sharing_a_store_never_replay_each_other() {
                 .route("/", handler(refunds.clone()))
                 .layer(layer),
         );
-    let (_, r1, _) = send(&app, "/payments", "t", "k", "{}").await;
-    let (_, r2, _) = send(&app, "/refunds", "t", "k", "{}").await;
+    let (_, r1, _) = charge(&app, "/payments", "t", "k", "{}").await;
+    let (_, r2, _) = charge(&app, "/refunds", "t", "k", "{}").await;
     assert!(!r1 && !r2);
     assert_eq!((payments.get(), refunds.get()), (1, 1));
 }
@@ -116,15 +112,15 @@ async fn route_layer_inside_a_nested_router_uses_the_full_path() {
     let api = Router::new()
         .route(
             "/charges",
-            post(move |Path(id): Path<String>| {
+            routing::post(move |Path(id): Path<String>| {
                 counted.0.fetch_add(1, SeqCst);
                 async move { (StatusCode::CREATED, id) }
             }),
         )
         .route_layer(IdempotencyLayer::new());
     let app = Router::new().nest("/accounts/{id}", api);
-    let (_, _, a) = send(&app, "/accounts/A/charges", "t", "k", "{}").await;
-    let (_, replayed, b) = send(&app, "/accounts/B/charges", "t", "k", "{}").await;
+    let (_, _, a) = charge(&app, "/accounts/A/charges", "t", "k", "{}").await;
+    let (_, replayed, b) = charge(&app, "/accounts/B/charges", "t", "k", "{}").await;
     assert_eq!((a.as_str(), b.as_str()), ("A", "B"));
     assert!(!replayed);
     assert_eq!(runs.get(), 2);
@@ -151,7 +147,7 @@ proptest! {
             for (tenant, account, key, body) in requests {
                 let path = format!("/accounts/{account}/charges");
                 let (tenant, key, body) = (format!("t{tenant}"), format!("k{key}"), format!("b{body}"));
-                let (status, replayed, _) = send(&app, &path, &tenant, &key, &body).await;
+                let (status, replayed, _) = charge(&app, &path, &tenant, &key, &body).await;
                 match seen.get(&(tenant.clone(), account, key.clone())) {
                     None => {
                         expected_runs += 1;
@@ -183,7 +179,7 @@ fn outside_the_router(runs: Runs) -> impl Fn(&'static str) -> Sent {
         let n = runs.0.fetch_add(1, SeqCst) + 1;
         async move { (StatusCode::CREATED, format!("charge {n} of {id}")) }
     };
-    let api = Router::new().route("/charges", post(charge));
+    let api = Router::new().route("/charges", routing::post(charge));
     let router = Router::new()
         .nest("/accounts/{id}", api.clone())
         .nest("/v2/accounts/{id}", api);
@@ -191,19 +187,8 @@ fn outside_the_router(runs: Runs) -> impl Fn(&'static str) -> Sent {
     move |path| {
         let svc = outside.clone();
         Box::pin(async move {
-            let req = Request::post(path)
-                .header("idempotency-key", "k")
-                .body(axum::body::Body::from("{}"))
-                .unwrap();
-            let res = svc.oneshot(req).await.unwrap();
-            let replayed = res.headers().contains_key("idempotent-replayed");
-            let status = res.status();
-            let body = res.into_body().collect().await.unwrap().to_bytes();
-            (
-                status,
-                replayed,
-                String::from_utf8_lossy(&body).into_owned(),
-            )
+            let answer = send(&svc, post(path, Some("k"), "{}")).await;
+            (answer.status, answer.replayed(), answer.text())
         })
     }
 }

@@ -4,14 +4,16 @@
 //! runs.
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::post;
+use axum::routing;
 use axum::{Json, Router};
-use http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use tower::ServiceExt;
 use tower_once_idempotency::IdempotencyLayer;
+
+mod support;
+
+use support::{post_with, send};
 
 #[derive(serde::Deserialize)]
 #[allow(dead_code)]
@@ -23,7 +25,7 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
     Router::new()
         .route(
             "/charges",
-            post(move |Json(_c): Json<Charge>| {
+            routing::post(move |Json(_c): Json<Charge>| {
                 runs.fetch_add(1, SeqCst);
                 async { StatusCode::CREATED }
             }),
@@ -32,28 +34,23 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
         .layer(IdempotencyLayer::new())
 }
 
-async fn send(
+/// A `POST` of `body` keyed `k`, with this `Content-Type` if any: (status, content type, body).
+async fn charge(
     app: &Router,
     content_type: Option<&str>,
     body: &str,
 ) -> (StatusCode, String, String) {
-    let mut req = Request::post("/charges").header("idempotency-key", "k");
+    let mut headers = vec![("idempotency-key", "k")];
     if let Some(ct) = content_type {
-        req = req.header("content-type", ct);
+        headers.push(("content-type", ct));
     }
-    let res = app
-        .clone()
-        .oneshot(req.body(axum::body::Body::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
-    let status = res.status();
-    let ct = res
-        .headers()
+    let answer = send(app, post_with("/charges", &headers, body)).await;
+    let ct = answer
+        .headers
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (status, ct, String::from_utf8_lossy(&body).into_owned())
+    (answer.status, ct, answer.text())
 }
 
 /// 415 (no Content-Type), 400 (bad JSON) and 422 (JSON of the wrong shape) are not
@@ -65,22 +62,22 @@ async fn axum_rejections_release_and_the_layers_own_422_is_distinct() {
     let app = app(runs.clone());
     let json = Some("application/json");
     assert_eq!(
-        send(&app, None, r#"{"amount":5}"#).await.0,
+        charge(&app, None, r#"{"amount":5}"#).await.0,
         StatusCode::UNSUPPORTED_MEDIA_TYPE
     );
     assert_eq!(
-        send(&app, json, r#"{"amount":"#).await.0,
+        charge(&app, json, r#"{"amount":"#).await.0,
         StatusCode::BAD_REQUEST
     );
-    let (s, ct, _) = send(&app, json, r#"{"amt":5}"#).await;
+    let (s, ct, _) = charge(&app, json, r#"{"amt":5}"#).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(!ct.contains("problem+json"));
     assert_eq!(
-        send(&app, json, r#"{"amount":5}"#).await.0,
+        charge(&app, json, r#"{"amount":5}"#).await.0,
         StatusCode::CREATED
     );
     assert_eq!(runs.load(SeqCst), 1);
-    let (s, ct, body) = send(&app, json, r#"{"amount":6}"#).await;
+    let (s, ct, body) = charge(&app, json, r#"{"amount":6}"#).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
         ct.contains("problem+json") && body.contains("fingerprint-mismatch"),
@@ -101,10 +98,10 @@ async fn axums_own_413_is_released_and_the_fixed_resend_runs() {
     let json = Some("application/json");
     let big = format!(r#"{{"amount":5,"memo":"{}"}}"#, "x".repeat(200));
     assert_eq!(
-        send(&app, json, &big).await.0,
+        charge(&app, json, &big).await.0,
         StatusCode::PAYLOAD_TOO_LARGE
     );
-    let (s, _, body) = send(&app, json, r#"{"amount":5}"#).await;
+    let (s, _, body) = charge(&app, json, r#"{"amount":5}"#).await;
     assert_eq!(
         (s, runs.load(SeqCst)),
         (StatusCode::CREATED, 1),

@@ -11,12 +11,11 @@ mod support;
 use axum::extract::{Extension, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::post;
+use axum::routing;
 use axum::Router;
 use bytes::Bytes;
 use http::request::Parts;
 use http::StatusCode;
-use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -24,8 +23,8 @@ use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use support::serve;
-use tower::ServiceExt;
+use support::{post, post_with, send, serve, Answer, Handler};
+use tower::{Layer, ServiceExt};
 use tower_once_idempotency::scope::HeaderScope;
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::IdempotencyLayer;
@@ -33,36 +32,9 @@ use tower_once_idempotency::IdempotencyLayer;
 #[derive(Debug, Clone)]
 struct Tenant(String);
 
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    body: String,
-}
-
-impl Answer {
-    fn problem_type(&self) -> String {
-        serde_json::from_str::<serde_json::Value>(&self.body)
-            .ok()
-            .and_then(|v| v["type"].as_str().map(str::to_owned))
-            .unwrap_or_default()
-    }
-}
-
-async fn send(app: &Router, headers: &[(&str, &str)], body: &str) -> Answer {
-    let mut req = http::Request::post("/charges");
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let req = req.body(axum::body::Body::from(body.to_owned())).unwrap();
-    let res = app.clone().oneshot(req).await.unwrap();
-    let status = res.status();
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    Answer {
-        status,
-        replayed,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+/// A `POST` of `body` to `/charges` with these headers.
+async fn charge(app: &Router, headers: &[(&str, &str)], body: &str) -> Answer {
+    send(app, post_with("/charges", headers, body)).await
 }
 
 /// A charge handler that names the tenant it charged (from the auth layer's extension, or
@@ -70,7 +42,7 @@ async fn send(app: &Router, headers: &[(&str, &str)], body: &str) -> Answer {
 fn charges(runs: Arc<AtomicUsize>) -> Router {
     Router::new().route(
         "/charges",
-        post(move |tenant: Option<Extension<Tenant>>, body: String| {
+        routing::post(move |tenant: Option<Extension<Tenant>>, body: String| {
             runs.fetch_add(1, SeqCst);
             let tenant = tenant.map_or_else(|| "-".to_owned(), |t| t.0 .0);
             async move { (StatusCode::CREATED, format!("charged {tenant}: {body}")) }
@@ -110,18 +82,18 @@ async fn auth_inside_the_layer_refuses_every_keyed_request_and_shares_nothing() 
                 .scope(tenant_scope),
         );
     for tenant in ["Bearer acme", "Bearer globex", "Bearer acme"] {
-        let answer = send(
+        let answer = charge(
             &wrong,
             &[("authorization", tenant), ("idempotency-key", "pay-1")],
             "500",
         )
         .await;
-        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.body);
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.text());
         assert_eq!(
             answer.problem_type(),
             "urn:tower-once:idempotency:missing-scope"
         );
-        assert!(!answer.replayed);
+        assert!(!answer.replayed());
     }
     assert_eq!(runs.load(SeqCst), 0, "no handler ran without a scope");
 
@@ -142,14 +114,14 @@ async fn auth_inside_the_layer_refuses_every_keyed_request_and_shares_nothing() 
         ("authorization", "Bearer globex"),
         ("idempotency-key", "pay-1"),
     ];
-    let a = send(&right, &acme, "500").await;
-    let b = send(&right, &globex, "500").await;
-    let a_again = send(&right, &acme, "500").await;
-    assert_eq!((a.status, a.replayed), (StatusCode::CREATED, false));
-    assert_eq!((b.status, b.replayed), (StatusCode::CREATED, false));
+    let a = charge(&right, &acme, "500").await;
+    let b = charge(&right, &globex, "500").await;
+    let a_again = charge(&right, &acme, "500").await;
+    assert_eq!((a.status, a.replayed()), (StatusCode::CREATED, false));
+    assert_eq!((b.status, b.replayed()), (StatusCode::CREATED, false));
     assert_eq!(a.body, "charged acme: 500");
     assert_eq!(b.body, "charged globex: 500", "never acme's stored payment");
-    assert!(a_again.replayed);
+    assert!(a_again.replayed());
     assert_eq!(a_again.body, a.body);
     assert_eq!(runs.load(SeqCst), 2);
 }
@@ -159,8 +131,8 @@ async fn a_header_scope_refuses_a_keyed_request_without_its_header() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app =
         charges(runs.clone()).layer(IdempotencyLayer::new().scope(HeaderScope::new("x-tenant-id")));
-    let missing = send(&app, &[("idempotency-key", "k")], "1").await;
-    let empty = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "")], "1").await;
+    let missing = charge(&app, &[("idempotency-key", "k")], "1").await;
+    let empty = charge(&app, &[("idempotency-key", "k"), ("x-tenant-id", "")], "1").await;
     for answer in [&missing, &empty] {
         assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
         assert_eq!(
@@ -170,8 +142,8 @@ async fn a_header_scope_refuses_a_keyed_request_without_its_header() {
     }
     assert_eq!(runs.load(SeqCst), 0);
     // Named tenants are scoped; a request without a key is not scoped at all (passes through).
-    let a = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "a")], "1").await;
-    let keyless = send(&app, &[], "1").await;
+    let a = charge(&app, &[("idempotency-key", "k"), ("x-tenant-id", "a")], "1").await;
+    let keyless = charge(&app, &[], "1").await;
     assert_eq!(a.status, StatusCode::CREATED);
     assert_eq!(keyless.status, StatusCode::CREATED);
     assert_eq!(runs.load(SeqCst), 2);
@@ -182,16 +154,19 @@ async fn allow_missing_shares_one_scope_that_is_never_a_tenants() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app = charges(runs.clone())
         .layer(IdempotencyLayer::new().scope(HeaderScope::new("x-tenant-id").allow_missing()));
-    let first = send(&app, &[("idempotency-key", "k")], "1").await;
-    let again = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "")], "1").await;
-    let tenant = send(&app, &[("idempotency-key", "k"), ("x-tenant-id", "t")], "1").await;
-    assert_eq!((first.status, first.replayed), (StatusCode::CREATED, false));
+    let first = charge(&app, &[("idempotency-key", "k")], "1").await;
+    let again = charge(&app, &[("idempotency-key", "k"), ("x-tenant-id", "")], "1").await;
+    let tenant = charge(&app, &[("idempotency-key", "k"), ("x-tenant-id", "t")], "1").await;
+    assert_eq!(
+        (first.status, first.replayed()),
+        (StatusCode::CREATED, false)
+    );
     assert!(
-        again.replayed,
+        again.replayed(),
         "missing and empty share the anonymous scope"
     );
     assert_eq!(
-        (tenant.status, tenant.replayed),
+        (tenant.status, tenant.replayed()),
         (StatusCode::CREATED, false),
         "a named tenant never gets the anonymous scope's record"
     );
@@ -203,7 +178,7 @@ async fn grpc_clients_without_a_scope_get_unauthenticated() {
     let runs = Arc::new(AtomicUsize::new(0));
     let app =
         charges(runs.clone()).layer(IdempotencyLayer::new().scope(HeaderScope::new("x-tenant-id")));
-    let answer = send(
+    let answer = charge(
         &app,
         &[
             ("idempotency-key", "k"),
@@ -257,7 +232,7 @@ async fn a_tenant_header_sent_twice_never_reaches_another_tenants_record() {
                 .scope(HeaderScope::new("x-tenant-id")),
         )
         .layer(middleware::from_fn(appending_gateway));
-    let acme = send(
+    let acme = charge(
         &app,
         &[
             ("authorization", "Bearer acme"),
@@ -266,11 +241,11 @@ async fn a_tenant_header_sent_twice_never_reaches_another_tenants_record() {
         "500",
     )
     .await;
-    assert_eq!((acme.status, acme.replayed), (StatusCode::CREATED, false));
+    assert_eq!((acme.status, acme.replayed()), (StatusCode::CREATED, false));
     assert_eq!(runs.load(SeqCst), 1);
 
     // globex, authenticated as globex, puts acme's id in front of the gateway's header.
-    let globex = send(
+    let globex = charge(
         &app,
         &[
             ("authorization", "Bearer globex"),
@@ -281,7 +256,7 @@ async fn a_tenant_header_sent_twice_never_reaches_another_tenants_record() {
     )
     .await;
     assert!(
-        !globex.replayed && globex.body != acme.body,
+        !globex.replayed() && globex.body != acme.body,
         "globex got acme's stored answer: {} {:?}",
         globex.status,
         globex.body
@@ -297,7 +272,7 @@ fn app(charges: Arc<AtomicUsize>, refunds: Arc<AtomicUsize>) -> Router {
     let v1 = Router::new()
         .route(
             "/charges",
-            post(move |tenant: Option<Extension<Tenant>>, body: String| {
+            routing::post(move |tenant: Option<Extension<Tenant>>, body: String| {
                 charges.fetch_add(1, SeqCst);
                 let tenant = tenant.map_or_else(|| "-".to_owned(), |t| t.0 .0);
                 async move { (StatusCode::CREATED, format!("charged {tenant}: {body}")) }
@@ -309,7 +284,7 @@ fn app(charges: Arc<AtomicUsize>, refunds: Arc<AtomicUsize>) -> Router {
     let other = Router::new()
         .route(
             "/refunds",
-            post(move |headers: http::HeaderMap, body: String| {
+            routing::post(move |headers: http::HeaderMap, body: String| {
                 refunds.fetch_add(1, SeqCst);
                 let tenant = headers
                     .get("x-tenant-id")
@@ -326,49 +301,15 @@ fn app(charges: Arc<AtomicUsize>, refunds: Arc<AtomicUsize>) -> Router {
         .layer(middleware::from_fn(authenticate))
 }
 
-struct HttpAnswer {
-    status: StatusCode,
-    replayed: bool,
-    version: http::Version,
-    body: String,
-}
-
-impl HttpAnswer {
-    fn problem_type(&self) -> String {
-        serde_json::from_str::<serde_json::Value>(&self.body)
-            .ok()
-            .and_then(|v| v["type"].as_str().map(str::to_owned))
-            .unwrap_or_default()
-    }
-}
-
 async fn post_to(
     client: &Client<HttpConnector, Full<Bytes>>,
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
     body: &'static str,
-) -> HttpAnswer {
-    let mut req = http::Request::post(format!("http://{addr}{path}"));
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let res = client
-        .request(
-            req.body(Full::new(Bytes::from_static(body.as_bytes())))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let (status, version) = (res.status(), res.version());
-    let replayed = res.headers().contains_key("idempotent-replayed");
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    HttpAnswer {
-        status,
-        replayed,
-        version,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+) -> Answer {
+    let req = post_with(&format!("http://{addr}{path}"), headers, body);
+    Answer::read(client.request(req).await.unwrap()).await
 }
 
 /// Over HTTP/1 and HTTP/2, a nested `route_layer` scoped by an outer auth layer and a
@@ -405,7 +346,12 @@ async fn no_tenant_is_refused_and_tenants_never_share_over_http1_and_http2() {
             .await,
         ] {
             assert_eq!(refused.version, version);
-            assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{}", refused.body);
+            assert_eq!(
+                refused.status,
+                StatusCode::UNAUTHORIZED,
+                "{}",
+                refused.text()
+            );
             assert_eq!(
                 refused.problem_type(),
                 "urn:tower-once:idempotency:missing-scope"
@@ -439,10 +385,10 @@ async fn no_tenant_is_refused_and_tenants_never_share_over_http1_and_http2() {
         .await;
         assert_eq!(acme.body, "charged acme: 500");
         assert_eq!(
-            (globex.status, globex.replayed, globex.body.as_str()),
+            (globex.status, globex.replayed(), globex.text().as_str()),
             (StatusCode::CREATED, false, "charged globex: 500")
         );
-        assert!(acme_again.replayed && acme_again.body == acme.body);
+        assert!(acme_again.replayed() && acme_again.body == acme.body);
         assert_eq!(charges.load(SeqCst), 2);
 
         let upper = post_to(
@@ -469,13 +415,37 @@ async fn no_tenant_is_refused_and_tenants_never_share_over_http1_and_http2() {
             "9",
         )
         .await;
-        assert_eq!((upper.status, upper.replayed), (StatusCode::CREATED, false));
-        assert!(lower.replayed, "the header's name case does not matter");
         assert_eq!(
-            (other.replayed, other.body.as_str()),
+            (upper.status, upper.replayed()),
+            (StatusCode::CREATED, false)
+        );
+        assert!(lower.replayed(), "the header's name case does not matter");
+        assert_eq!(
+            (other.replayed(), other.text().as_str()),
             (false, "refunded Acme: 9"),
             "another tenant id is another tenant"
         );
         assert_eq!(refunds.load(SeqCst), 2);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_with_the_same_key_are_independent() {
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new()
+        .scope(HeaderScope::new("x-tenant-id"))
+        .layer(handler.clone());
+    let as_tenant = |tenant: &str, body: &'static str| {
+        let mut req = post("/c", Some("shared-key"), body);
+        req.headers_mut()
+            .insert("x-tenant-id", tenant.parse().unwrap());
+        req
+    };
+    let a = send(&svc, as_tenant("a", "from a")).await;
+    let b = send(&svc, as_tenant("b", "from b")).await;
+    assert_eq!(handler.runs(), 2, "each tenant's first request runs");
+    assert!(!b.replayed(), "tenant b never sees tenant a's response");
+    assert_eq!(send(&svc, as_tenant("a", "from a")).await.body, a.body);
+    assert_eq!(send(&svc, as_tenant("b", "from b")).await.body, b.body);
+    assert_eq!(handler.runs(), 2);
 }

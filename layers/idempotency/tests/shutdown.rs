@@ -7,13 +7,11 @@
 
 mod support;
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
-use support::Handler;
+use support::{post, Handler};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_once_idempotency::fingerprint::Fingerprint;
@@ -84,13 +82,6 @@ impl IdempotencyStore for SlowWrites {
     }
 }
 
-fn post(key: &str) -> Request<Full<Bytes>> {
-    Request::post("/charges")
-        .header("idempotency-key", key)
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .unwrap()
-}
-
 /// Polls the request until `pending_for` has passed, then drops it: the client went away.
 async fn leave_after<F: Future>(future: F, pending_for: Duration) {
     let mut future = std::pin::pin!(future);
@@ -112,7 +103,11 @@ async fn wait_covers_a_completion_in_flight_when_its_request_is_dropped() {
     let detached = layer.detached();
     let mut svc = layer.layer(handler.clone());
     // The handler answers at once; the completion takes 500 ms; the client leaves at 100 ms.
-    let call = svc.ready().await.unwrap().call(post("deploy-1"));
+    let call = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/charges", Some("deploy-1"), "{}"));
     leave_after(call, Duration::from_millis(100)).await;
     assert_eq!(handler.runs(), 1);
 
@@ -128,7 +123,7 @@ async fn wait_covers_a_completion_in_flight_when_its_request_is_dropped() {
         .ready()
         .await
         .unwrap()
-        .call(post("deploy-1"))
+        .call(post("/charges", Some("deploy-1"), "{}"))
         .await
         .unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
@@ -146,12 +141,11 @@ async fn wait_covers_the_release_of_a_cancelled_request() {
     let layer = IdempotencyLayer::with_store(store).cancel_on_disconnect(true);
     let detached = layer.detached();
     let mut svc = layer.layer(handler.clone());
-    let call = svc.ready().await.unwrap().call(
-        Request::post("/charges?sleep_ms=1000")
-            .header("idempotency-key", "deploy-2")
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap(),
-    );
+    let call =
+        svc.ready()
+            .await
+            .unwrap()
+            .call(post("/charges?sleep_ms=1000", Some("deploy-2"), "{}"));
     leave_after(call, Duration::from_millis(100)).await;
 
     let shutdown = Instant::now();
@@ -166,7 +160,7 @@ async fn wait_covers_the_release_of_a_cancelled_request() {
         .ready()
         .await
         .unwrap()
-        .call(post("deploy-2"))
+        .call(post("/charges", Some("deploy-2"), "{}"))
         .await
         .unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
@@ -184,7 +178,11 @@ async fn wait_covers_a_claim_whose_request_left_before_its_answer() {
     let layer = IdempotencyLayer::with_store(store.clone());
     let detached = layer.detached();
     let mut svc = layer.layer(handler.clone());
-    let call = svc.ready().await.unwrap().call(post("deploy-3"));
+    let call = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/charges", Some("deploy-3"), "{}"));
     leave_after(call, Duration::from_millis(100)).await;
 
     detached.wait().await;

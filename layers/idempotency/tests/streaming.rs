@@ -1,7 +1,9 @@
 //! Responses over the store limit (README "What the idempotency layer answers": the first caller
 //! gets it streamed in full; the key is kept, its lease renewed while it streams, and becomes not
 //! replayable when it ends; duplicates get `409`): a body read, unread or dropped, a reader stalled
-//! over real hyper, and trailers streamed or stored. Every test counts handler runs.
+//! over real hyper, and trailers streamed or stored; over a plain tower service, the first caller
+//! gets the whole response, a duplicate `409 not-replayable` once it ended, and a response that
+//! fails mid-stream releases the key instead. Every test counts handler runs.
 
 mod support;
 
@@ -13,13 +15,14 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use support::serve;
+use support::{post, send, serve, Handler, Req};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::{IdempotencyLayer, RequestBody};
 
@@ -51,13 +54,6 @@ fn sse(
     })
 }
 
-fn post() -> Request<Full<Bytes>> {
-    Request::post("/events")
-        .header("idempotency-key", "k")
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .unwrap()
-}
-
 /// A response over the store limit is kept claimed (renewed) while it streams, also to a client
 /// that stops reading without leaving (hyper does not poll a body while the socket's send buffer is
 /// full; HTTP/2 flow control likewise): the duplicate gets 409, never a second run. Was broken: the
@@ -69,13 +65,21 @@ async fn an_unread_streaming_body_keeps_its_claim() {
     let svc = IdempotencyLayer::with_store(MemoryStore::new())
         .response_limit(16)
         .layer(sse(runs.clone()));
-    let res = svc.clone().oneshot(post()).await.unwrap();
+    let res = svc
+        .clone()
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .unwrap();
     let mut body = res.into_body();
     let first = body.frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap().len(), 64);
     // The client is slow: it does not read for 30 s (3 leases) but is still connected.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let dup = svc.clone().oneshot(post()).await.unwrap();
+    let dup = svc
+        .clone()
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .unwrap();
     assert_eq!(
         (runs.load(SeqCst), dup.status()),
         (1, StatusCode::CONFLICT),
@@ -92,11 +96,19 @@ async fn a_read_streaming_body_keeps_its_claim() {
     let svc = IdempotencyLayer::with_store(MemoryStore::new())
         .response_limit(16)
         .layer(sse(runs.clone()));
-    let res = svc.clone().oneshot(post()).await.unwrap();
+    let res = svc
+        .clone()
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .unwrap();
     let mut body = res.into_body();
     let reader = tokio::spawn(async move { while let Some(Ok(_)) = body.frame().await {} });
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let dup = svc.clone().oneshot(post()).await.unwrap();
+    let dup = svc
+        .clone()
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .unwrap();
     assert_eq!((runs.load(SeqCst), dup.status()), (1, StatusCode::CONFLICT));
     reader.abort();
 }
@@ -109,12 +121,20 @@ async fn a_dropped_streaming_body_is_not_replayable() {
     let svc = IdempotencyLayer::with_store(MemoryStore::new())
         .response_limit(16)
         .layer(sse(runs.clone()));
-    let res = svc.clone().oneshot(post()).await.unwrap();
+    let res = svc
+        .clone()
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .unwrap();
     let mut body = res.into_body();
     body.frame().await.unwrap().unwrap();
     drop(body);
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let dup = svc.clone().oneshot(post()).await.unwrap();
+    let dup = svc
+        .clone()
+        .oneshot(post("/events", Some("k"), "{}"))
+        .await
+        .unwrap();
     assert_eq!(runs.load(SeqCst), 1);
     assert!(dup.status().is_client_error(), "{}", dup.status());
 }
@@ -241,4 +261,123 @@ async fn http1_trailers_over_the_limit_and_with_an_empty_body() {
     let replay = trailer_of(addr, "empty").await;
     assert_eq!(first, (StatusCode::CREATED, 0, Some("abc123".to_owned())));
     assert_eq!(replay, first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_response_reaches_its_caller_and_is_never_rerun() {
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new()
+        .response_limit(1000)
+        .layer(handler.clone());
+    let first = send(&svc, post("/c?big=5000", Some("k"), "x")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(
+        first.body.len(),
+        5000,
+        "the first caller gets the whole response"
+    );
+    // The claim of a streamed response is finished by its own task once the body ended.
+    tokio::task::yield_now().await;
+    let dup = send(&svc, post("/c?big=5000", Some("k"), "x")).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(
+        dup.problem_type(),
+        "urn:tower-once:idempotency:not-replayable"
+    );
+    assert!(
+        !dup.headers.contains_key("retry-after"),
+        "retrying cannot help"
+    );
+    assert_eq!(handler.runs(), 1);
+}
+
+type FallibleFrames =
+    futures_util::stream::Iter<std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>>;
+
+/// A handler whose response streams 4 KiB and then fails, or ends cleanly.
+fn streaming_handler(
+    runs: Arc<AtomicUsize>,
+    fail: bool,
+) -> impl Service<
+    Req,
+    Response = Response<StreamBody<FallibleFrames>>,
+    Error = &'static str,
+    Future = impl Future<Output = Result<Response<StreamBody<FallibleFrames>>, &'static str>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_req: Req| {
+        runs.fetch_add(1, SeqCst);
+        let mut frames: Vec<Result<http_body::Frame<Bytes>, &'static str>> = (0..4)
+            .map(|_| Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 1024]))))
+            .collect();
+        if fail {
+            frames.push(Err("the response body failed"));
+        }
+        async move {
+            Ok(Response::new(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_over_limit_response_that_fails_mid_stream_releases_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = IdempotencyLayer::new()
+        .response_limit(1024)
+        .layer(streaming_handler(runs.clone(), true));
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert!(
+        res.into_body().collect().await.is_err(),
+        "the client saw the failure"
+    );
+    tokio::task::yield_now().await;
+    assert!(
+        svc.store_ref().is_empty(),
+        "released, not kept as not-replayable"
+    );
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the retry ran");
+    assert_eq!(runs.load(SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_over_limit_response_that_ends_cleanly_is_kept_not_replayable() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut svc = IdempotencyLayer::new()
+        .response_limit(1024)
+        .layer(streaming_handler(runs.clone(), false));
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 4 * 1024, "the first caller gets it all");
+    tokio::task::yield_now().await;
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post("/c", Some("k"), "x"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(runs.load(SeqCst), 1, "the handler never runs twice");
 }

@@ -3,15 +3,17 @@
 //! uploading client reads it; a client that sends nothing gets it after that second, and the
 //! connection is closed | no"), over real servers: raw HTTP/1 connections and hyper-util HTTP/1 and
 //! HTTP/2 clients against `axum::serve` on loopback, declared, chunked, dripping, silent and
-//! `Expect: 100-continue` uploads. Bounds on time are generous "it did not hang" limits; every test
-//! counts handler runs.
+//! `Expect: 100-continue` uploads; and over a plain tower service with paused time, a declared or
+//! streamed body counted while it is buffered (exactly the limit runs) and a body that cannot be
+//! read (`400`). Bounds on time are generous "it did not hang" limits; every test counts handler
+//! runs.
 
 mod support;
 
-use axum::routing::post;
+use axum::routing;
 use axum::Router;
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -20,9 +22,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use support::serve;
+use support::{post, send, serve, Handler};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower_once_idempotency::IdempotencyLayer;
+use tower::{Layer, Service, ServiceExt};
+use tower_once_idempotency::{IdempotencyLayer, RequestBody};
 
 const LIMIT: usize = 1024;
 
@@ -32,7 +35,7 @@ async fn server(runs: Arc<AtomicUsize>) -> SocketAddr {
     let app = Router::new()
         .route(
             "/upload",
-            post(move |body: Bytes| {
+            routing::post(move |body: Bytes| {
                 runs.fetch_add(1, SeqCst);
                 async move { (StatusCode::CREATED, format!("{} bytes", body.len())) }
             }),
@@ -290,7 +293,7 @@ async fn upload_server(runs: Arc<AtomicUsize>) -> SocketAddr {
     let app = Router::new()
         .route(
             "/upload",
-            post(move || {
+            routing::post(move || {
                 runs.fetch_add(1, SeqCst);
                 async { StatusCode::CREATED }
             }),
@@ -320,7 +323,7 @@ async fn a_declared_upload_that_never_arrives_reads_its_413_and_the_connection_c
     let app = Router::new()
         .route(
             "/upload",
-            post({
+            routing::post({
                 let runs = runs.clone();
                 move || {
                     runs.fetch_add(1, SeqCst);
@@ -404,4 +407,119 @@ async fn expect_100_continue_over_the_limit_gets_413_without_an_upload() {
         line, "HTTP/1.1 413 Payload Too Large",
         "the first answer to the upload"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_bodies_are_413_before_the_handler() {
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new().body_limit(8).layer(handler.clone());
+
+    let declared = Request::post("/c")
+        .header("idempotency-key", "k")
+        .header("content-length", "9")
+        .body(Full::new(Bytes::from_static(b"123456789")))
+        .unwrap();
+    let res = send(&svc, declared).await;
+    assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        res.problem_type(),
+        "urn:tower-once:idempotency:body-too-large"
+    );
+    assert_eq!(handler.runs(), 0);
+    assert!(svc.store_ref().is_empty(), "nothing claimed");
+
+    // Exactly at the limit is fine.
+    let ok = send(&svc, post("/c", Some("k"), "12345678")).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn streamed_bodies_are_counted_while_buffered() {
+    type Frames = std::vec::IntoIter<Result<http_body::Frame<Bytes>, Infallible>>;
+    type Chunks = StreamBody<futures_util::stream::Iter<Frames>>;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(move |req: Request<RequestBody<Chunks>>| {
+            runs.fetch_add(1, SeqCst);
+            async move {
+                let body = req
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|_| "body")?
+                    .to_bytes();
+                Ok::<_, &'static str>(Response::new(Full::new(body)))
+            }
+        })
+    };
+    let mut svc = IdempotencyLayer::new().body_limit(10).layer(inner);
+    let streamed = |chunks: &[&'static str]| {
+        let frames = chunks
+            .iter()
+            .map(|c| Ok(http_body::Frame::data(Bytes::from_static(c.as_bytes()))));
+        Request::post("/c")
+            .header("idempotency-key", "s")
+            .body(StreamBody::new(futures_util::stream::iter(
+                frames.collect::<Vec<_>>(),
+            )))
+            .unwrap()
+    };
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(streamed(&["12345", "67890", "X"]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(runs.load(SeqCst), 0);
+
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(streamed(&["12345", "67890"]))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.into_body().collect().await.unwrap().to_bytes(),
+        "1234567890",
+        "chunks joined in order"
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+/// Body frames that may fail.
+type FailingFrames = std::vec::IntoIter<Result<http_body::Frame<Bytes>, &'static str>>;
+
+#[tokio::test(start_paused = true)]
+async fn unreadable_request_body_is_400_and_runs_nothing() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let runs = runs.clone();
+        tower::service_fn(
+            move |_: Request<
+                RequestBody<StreamBody<futures_util::stream::Iter<FailingFrames>>>,
+            >| {
+                runs.fetch_add(1, SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::<Bytes>::default())) }
+            },
+        )
+    };
+    let mut svc = IdempotencyLayer::new().layer(inner);
+    let frames = vec![
+        Ok(http_body::Frame::data(Bytes::from_static(b"part"))),
+        Err("connection reset"),
+    ];
+    let req = Request::post("/c")
+        .header("idempotency-key", "k")
+        .body(StreamBody::new(futures_util::stream::iter(frames)))
+        .unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(runs.load(SeqCst), 0);
+    assert!(svc.store_ref().is_empty(), "nothing was claimed");
 }

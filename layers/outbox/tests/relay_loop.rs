@@ -2,16 +2,18 @@
 //! flight, free slots refilled once a quarter of them is free; a slow or hanging provider holds
 //! only its own slots; it claims when a row it failed is due again; it relays until `shutdown`
 //! resolves, then lets sends in flight finish within `shutdown_grace` and releases the rest), and
-//! no spin whatever wakes it. Against the machine's PostgreSQL (`DATABASE_URL`, default
+//! no spin whatever wakes it; it wakes on `NOTIFY` for a new row or a parked row a person
+//! retried, and an unbounded `shutdown_grace` is not a panic. Against the machine's PostgreSQL (`DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`); each test works in its own schema, dropped at the
 //! end.
 
 mod support;
 
 use sqlx::postgres::PgPoolOptions;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{Schema, Sent};
+use support::{failing_first, within, Running, Schema, Sent};
 use tower::service_fn;
 use tower_once_outbox::{Outbox, OutboxMessage, OutboxRelay, RelayConfig};
 use tower_once_retry::backoff::Backoff;
@@ -485,4 +487,162 @@ async fn a_retry_taken_by_another_relay_costs_one_empty_claim() {
         .await;
     assert_eq!(sent.total() + other_sent.total(), 2, "{report:?}");
     assert!(report.passes <= 3, "{report:?}");
+}
+
+#[tokio::test]
+async fn run_wakes_on_notify_and_shutdown_releases_sends_in_flight() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let sent = Sent::default();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        support::quick()
+            .poll_interval(Duration::from_secs(600))
+            .shutdown_grace(Duration::from_millis(100)),
+        sent.hanging_on("slow"),
+    )
+    .unwrap();
+    let running = Running::start(|stopped| relay.run(stopped));
+    // Give the relay time to LISTEN, then enqueue: only a NOTIFY can wake it (poll: 10 min).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&outbox, "fast", "{}").await;
+    within(Duration::from_secs(5), || sent.of("fast") == 1).await;
+    assert_eq!(sent.of("fast"), 1, "woken by NOTIFY");
+    db.enqueue(&outbox, "slow", "{}").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = running.stop().await;
+    assert_eq!(report.totals.sent, 1);
+    assert_eq!(report.totals.released, 1);
+    // Released, not leased: due now, with no attempt counted.
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM outbox WHERE dedupe_key = 'slow' AND leased_until IS NULL AND attempts = 0 AND next_attempt_at <= now()").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_send_holds_back_only_its_own_row() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    db.enqueue(&outbox, "hang", "{}").await;
+    let sent = Sent::default();
+    // The hanging send may take 24 s (80 % of a 30 s lease) before it is cut.
+    let config = RelayConfig::new()
+        .lease(Duration::from_secs(30))
+        .poll_interval(Duration::from_secs(600))
+        .shutdown_grace(Duration::from_millis(50));
+    let relay = OutboxRelay::new(outbox.clone(), config, sent.hanging_on("hang")).unwrap();
+    let running = Running::start(|stopped| relay.run(stopped));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&outbox, "fast", "{}").await;
+    within(Duration::from_secs(5), || sent.of("fast") == 1).await;
+    assert_eq!(sent.of("fast"), 1, "sent while the other send still hangs");
+    let report = running.stop().await;
+    assert_eq!((report.totals.sent, report.totals.released), (1, 1));
+}
+
+#[tokio::test]
+async fn a_failed_row_is_tried_again_when_due_not_at_the_next_poll() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        support::quick().poll_interval(Duration::from_secs(600)),
+        failing_first(&calls, "503"),
+    )
+    .unwrap()
+    .classify(|r: &Result<(), &str>| match r {
+        Ok(()) => Action::Success,
+        Err(_) => Action::Retry {
+            after: Some(Duration::from_millis(300)),
+        },
+    });
+    let running = Running::start(|stopped| relay.run(stopped));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&outbox, "k", "{}").await;
+    within(Duration::from_secs(5), || calls.load(Ordering::SeqCst) == 2).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "retried when due (poll: 10 min)"
+    );
+    let report = running.stop().await;
+    assert_eq!((report.totals.failed, report.totals.sent), (1, 1));
+}
+
+/// `retry_parked` promises "a relay picks it up at once": a running relay sends the retried row
+/// without waiting for its next poll (5 s by default, here 10 min). Was broken: it is an UPDATE,
+/// and only INSERT fired the NOTIFY trigger.
+#[tokio::test]
+async fn a_running_relay_picks_up_a_retried_parked_row_at_once() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        support::quick().poll_interval(Duration::from_secs(600)),
+        failing_first(&calls, "400 bad address"),
+    )
+    .unwrap()
+    .classify(|r: &Result<(), &str>| match r {
+        Ok(()) => Action::Success,
+        Err(_) => Action::Stop,
+    });
+    let running = Running::start(|stopped| relay.run(stopped));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&outbox, "k", "{}").await;
+    assert!(
+        within(Duration::from_secs(5), || calls.load(Ordering::SeqCst) == 1).await,
+        "woken by NOTIFY"
+    );
+    let mut parked = Vec::new();
+    for _ in 0..50 {
+        parked = outbox.parked(10).await.unwrap();
+        if !parked.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(parked.len(), 1);
+    assert!(outbox.retry_parked(parked[0].id).await.unwrap());
+    let resent = within(Duration::from_secs(3), || calls.load(Ordering::SeqCst) == 2).await;
+    running.stop_ignoring_outcome().await;
+    assert!(resent, "retry_parked: a running relay picks it up at once");
+}
+
+/// `shutdown_grace(Duration::MAX)` ("let sends in flight finish, however long") is accepted by
+/// `validate`, and `run` then stops without a panic while a send is in flight. Was broken:
+/// `Instant::now() + grace` overflowed (pass.rs) as soon as a send was in flight.
+#[tokio::test]
+async fn an_unbounded_shutdown_grace_does_not_panic_at_shutdown() {
+    let db = Schema::new().await;
+    let outbox = db.outbox().await;
+    let config = support::quick()
+        .poll_interval(Duration::from_millis(50))
+        .shutdown_grace(Duration::MAX);
+    assert!(config.validate().is_ok());
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let relay = OutboxRelay::new(
+        outbox.clone(),
+        config,
+        service_fn(move |_m: OutboxMessage| {
+            s.fetch_add(1, Ordering::SeqCst);
+            async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, &'static str>(())
+            }
+        }),
+    )
+    .unwrap();
+    let running = Running::start(|stopped| relay.run(stopped));
+    db.enqueue(&outbox, "in-flight", "{}").await;
+    assert!(
+        within(Duration::from_secs(5), || started.load(Ordering::SeqCst)
+            == 1)
+        .await
+    );
+    let report = running.stop().await;
+    assert_eq!(report.totals.sent, 1, "the send in flight finished");
 }

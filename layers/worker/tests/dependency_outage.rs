@@ -394,7 +394,7 @@ async fn a_concurrency_limit_held_elsewhere_costs_no_delivery() {
     }
 }
 
-// ---- attack 3: the give-back ----
+// Given back unrun: entries read while the handler's readiness lapsed keep their delivery count.
 
 /// A handler whose readiness lapses on demand: each clone is ready when first asked; asked
 /// again (the worker's re-check after its read) it is not ready while `lapses` is above 0,

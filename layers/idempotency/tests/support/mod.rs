@@ -1,5 +1,6 @@
 //! What the idempotency crate's test files share: a handler whose query scripts it, counting
-//! its runs and the claim tokens it saw, and an axum server on a loopback port.
+//! its runs and the claim tokens it saw; building a keyed `POST`, sending it through a service
+//! and reading the answer; and an axum server on a loopback port.
 
 #![allow(dead_code)] // each test file uses its own part
 
@@ -88,6 +89,92 @@ impl Service<Req> for Handler {
                 .unwrap())
         })
     }
+}
+
+/// A `POST` to `uri` carrying `body`, and `key` as its `Idempotency-Key` when there is one.
+pub(crate) fn post(uri: &str, key: Option<&str>, body: &str) -> Request<Full<Bytes>> {
+    let mut builder = Request::post(uri);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder
+        .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+        .unwrap()
+}
+
+/// A `POST` to `uri` carrying `body` and these headers, appended in order (a name may repeat).
+pub(crate) fn post_with(uri: &str, headers: &[(&str, &str)], body: &str) -> Request<Full<Bytes>> {
+    let mut req = post(uri, None, body);
+    for (name, value) in headers {
+        req.headers_mut().append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    req
+}
+
+/// A response read to its end.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) version: http::Version,
+    pub(crate) status: StatusCode,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+impl Answer {
+    /// Reads `res` to its end.
+    pub(crate) async fn read<B>(res: Response<B>) -> Self
+    where
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let (parts, body) = res.into_parts();
+        Answer {
+            version: parts.version,
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    }
+
+    /// Whether the layer replayed a stored response (`Idempotent-Replayed: true`; any other
+    /// value of the header fails the test).
+    pub(crate) fn replayed(&self) -> bool {
+        match self.headers.get("idempotent-replayed") {
+            Some(value) => {
+                assert_eq!(value, "true", "Idempotent-Replayed is only ever `true`");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The `type` of the layer's problem document (the answer must be one).
+    pub(crate) fn problem_type(&self) -> String {
+        assert_eq!(self.headers["content-type"], "application/problem+json");
+        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        v["type"].as_str().unwrap().to_owned()
+    }
+
+    /// The body as text.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends `req` through a clone of `svc` (a service's clones share its store) and reads the
+/// answer.
+pub(crate) async fn send<S, ReqBody, ResBody>(svc: &S, req: Request<ReqBody>) -> Answer
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    S::Error: std::fmt::Debug,
+    ResBody: http_body::Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    Answer::read(svc.clone().oneshot(req).await.unwrap()).await
 }
 
 /// Serves `app` with `axum::serve` on a free loopback port, on a task of its own.
