@@ -111,6 +111,17 @@
 //! `Retry-After` and request cloning to each user; its `TpsBudget` is a separate piece. Here
 //! they are one layer with defaults, and the error keeps the inner error's type.
 //!
+//! What each project documents (checked 2026-11; corrections welcome). "n/d": not documented.
+//!
+//! | | tower-once | `tower::retry` / `tower::timeout` | tower-http | tower-resilience | reqwest-retry |
+//! |---|---|---|---|---|---|
+//! | retry classification | action incl. server delay | policy decides | (classify, for tracing) | predicate | transient or not |
+//! | `Retry-After` / gRPC pushback | ✓ both | – | – | n/d | separate crate |
+//! | one deadline over all attempts | ✓ | – | – | n/d | – |
+//! | retry budget | ✓ shared, ratio + floor | ✓ `TpsBudget` | – | ✓ | – |
+//! | non-`Clone` request bodies | ✓ buffered up to a limit | clone in the policy | – | `Clone` required | via reqwest |
+//! | timeout capped by the deadline | ✓, `grpc-timeout` both ways | fixed | fixed (server, `408`) | fixed | – |
+//!
 //! # HTTP
 //!
 //! `http::Request`s are not `Clone`, and their bodies often are not either (hyper's `Incoming`,
