@@ -1,7 +1,7 @@
-//! What the idempotency layer answers (README table; crate docs "What happens to a request"), over
-//! a plain tower service with paused time: replays, conflicts, mismatches, released and stored
-//! statuses, leases, retention, keys, limits, scopes, trailers and store failures. Every test
-//! asserts how many times the handler ran, not only the statuses.
+//! What the idempotency layer answers (the idempotency crate docs' table, "What happens to a
+//! request"), over a plain tower service with paused time: replays, conflicts, mismatches, released
+//! and stored statuses, leases, retention, keys, limits, scopes, trailers and store failures. Every
+//! test asserts how many times the handler ran, not only the statuses.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};

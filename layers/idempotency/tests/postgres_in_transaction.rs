@@ -1,6 +1,6 @@
-//! A handler completing its claim in its own transaction (README "Choosing a store": with the
-//! Postgres store the record commits with the handler's effects; a stale owner's effect never
-//! commits; a duplicate arriving before the commit waits and replays; the layer writes
+//! A handler completing its claim in its own transaction (idempotency crate docs "Choosing a
+//! store": with the Postgres store the record commits with the handler's effects; a stale owner's
+//! effect never commits; a duplicate arriving before the commit waits and replays; the layer writes
 //! nothing more, so a fresh request costs the claim plus the handler's own transaction).
 #![cfg(feature = "postgres")]
 

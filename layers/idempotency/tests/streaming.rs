@@ -1,7 +1,7 @@
-//! Responses over the store limit (README "What the idempotency layer answers": the first caller
-//! gets it streamed in full; the key is kept, its lease renewed while it streams, and becomes not
-//! replayable when it ends; duplicates get `409`): a body read, unread or dropped, a reader stalled
-//! over real hyper, and trailers streamed or stored. Every test counts handler runs.
+//! Responses over the store limit (idempotency crate docs "What happens to a request": the first
+//! caller gets it streamed in full; the key is kept, its lease renewed while it streams, and
+//! becomes not replayable when it ends; duplicates get `409`): a body read, unread or dropped, a
+//! reader stalled over real hyper, and trailers streamed or stored. Every test counts handler runs.
 
 mod support;
 

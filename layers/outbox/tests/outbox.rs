@@ -1,4 +1,4 @@
-//! The outbox and its relay (crate docs; README "The whole pipeline"): a message commits with its
+//! The outbox and its relay (crate docs; examples/pipeline/README.md): a message commits with its
 //! transaction and is sent once, a dedupe key is written once, failures are retried, parked after
 //! `max_attempts` or at once when permanent, and sent again when a person retries them; a dead
 //! relay's rows come back after the lease; several relays never send one row twice; the table name
