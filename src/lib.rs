@@ -180,6 +180,11 @@ pub use signal::{shutdown_signal, ShutdownSignal};
 /// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
 /// They use the default features and no hidden lines (which GitHub would show): the features
 /// are named here instead.
-#[cfg(all(doctest, feature = "idempotency", feature = "retry", feature = "timeout"))]
+#[cfg(all(
+    doctest,
+    feature = "idempotency",
+    feature = "retry",
+    feature = "timeout"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

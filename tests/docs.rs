@@ -132,7 +132,9 @@ fn the_metrics_table_names_every_registered_metric_and_nothing_else() {
          in the table but not registered: {stale:#?}"
     );
     assert!(
-        table.iter().any(|(name, _, _)| name == "tower_once_outbox_sends_total"),
+        table
+            .iter()
+            .any(|(name, _, _)| name == "tower_once_outbox_sends_total"),
         "the outbox relay's counter is in the table"
     );
 }
@@ -141,7 +143,11 @@ fn the_metrics_table_names_every_registered_metric_and_nothing_else() {
 fn every_label_value_in_the_metrics_table_is_a_literal_of_its_crate() {
     for ((name, _, _), values) in documented() {
         // tower_once_<crate>_...: the crate that registers it.
-        let krate = name.trim_start_matches("tower_once_").split('_').next().unwrap();
+        let krate = name
+            .trim_start_matches("tower_once_")
+            .split('_')
+            .next()
+            .unwrap();
         let mut files = Vec::new();
         rust_files(&root().join("layers").join(krate).join("src"), &mut files);
         let source: String = files
@@ -176,7 +182,10 @@ fn every_path_in_the_layout_table_exists() {
                 .map(|e| e.unwrap().path().join(child))
                 .filter(|p| p.exists())
                 .collect(),
-            None => vec![root().join(&path)].into_iter().filter(|p| p.exists()).collect(),
+            None => vec![root().join(&path)]
+                .into_iter()
+                .filter(|p| p.exists())
+                .collect(),
         };
         checked += 1;
         if bases.is_empty() {
@@ -189,7 +198,11 @@ fn every_path_in_the_layout_table_exists() {
         // The files and folders the row names (`future/`, `covered.rs`,
         // `migrations/0001_outbox.sql`), each somewhere below the row's path.
         let base = &bases[0];
-        let dir = if base.is_dir() { base.clone() } else { base.parent().unwrap().into() };
+        let dir = if base.is_dir() {
+            base.clone()
+        } else {
+            base.parent().unwrap().into()
+        };
         let mut below = Vec::new();
         walk(&dir, &mut below);
         for name in ticked(cells[2]) {
@@ -206,8 +219,14 @@ fn every_path_in_the_layout_table_exists() {
             }
         }
     }
-    assert!(checked >= 20, "the layout table has its rows ({checked} read)");
-    assert!(missing.is_empty(), "named in the layout table, not in the tree: {missing:#?}");
+    assert!(
+        checked >= 20,
+        "the layout table has its rows ({checked} read)"
+    );
+    assert!(
+        missing.is_empty(),
+        "named in the layout table, not in the tree: {missing:#?}"
+    );
 }
 
 /// Every file and folder below `dir`, as `/`-separated strings.
