@@ -1,29 +1,33 @@
 //! Which responses are stored for replay, and which release the key so a retry runs again.
 //!
 //! | response                                   | default decision |
-//! |--------------------------------------------|------------------| | 2xx, 3xx
-//! | store            | | 4xx except those below                     | store            | | 400 Bad
-//! Request, 413 Content Too Large, 415 Unsupported Media Type, 422 Unprocessable Content | release
-//! (validation) | | 408 Request Timeout, 425 Too Early, 429 Too Many Requests | release | | 5xx
-//! | release          | | inner service error                        | release (always) |
+//! |--------------------------------------------|------------------|
+//! | 2xx, 3xx                                   | store            |
+//! | 4xx except those below                     | store            |
+//! | 400 Bad Request, 413 Content Too Large, 415 Unsupported Media Type, 422 Unprocessable Content | release (validation) |
+//! | 408 Request Timeout, 425 Too Early, 429 Too Many Requests | release |
+//! | 5xx                                        | release          |
+//! | inner service error                        | release (always) |
 //!
 //! So the default stores every response but 5xx and 400, 408, 413, 415, 422, 425, 429
 //! ([`RELEASED_CLIENT_ERRORS`]).
 //!
-//! gRPC answers HTTP `200` and puts its status in `grpc-status`, in the headers of a trailers-only
-//! response or in the trailers. The default reads it in both places and maps it the same way: final
-//! codes are stored (`OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`,
-//! `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`, `UNAUTHENTICATED`); transient ones
-//! release the key (`CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`,
-//! `INTERNAL`, `UNAVAILABLE`, `DATA_LOSS`, and any unknown code).
+//! gRPC answers HTTP `200` and puts its status in `grpc-status`, in the headers of a
+//! trailers-only response or in the trailers. The default reads it in both places and maps it the
+//! same way: final codes are stored (`OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`,
+//! `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`,
+//! `UNAUTHENTICATED`); transient ones release the key (`CANCELLED`, `UNKNOWN`,
+//! `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `INTERNAL`, `UNAVAILABLE`,
+//! `DATA_LOSS`, and any unknown code).
 //!
 //! A stored 4xx means "this request is wrong": retrying it unchanged cannot succeed, and replaying
-//! the same answer is what the IETF draft and Stripe do. 400, 413, 415 and 422 are the rejections a
-//! framework makes before the handler does anything (axum answers 415 for a missing `Content-Type`,
-//! 422 for JSON that does not match, 400 for a bad query, 413 past its `DefaultBodyLimit`): the
-//! client is expected to fix its request and resend it with the same key, and Stripe saves no
-//! result when a request fails validation, so they release the key. The layer's own `422` (a key
-//! reused with another request) is told apart by its problem `type`,
+//! the same answer is what the IETF draft and Stripe do. 400, 413, 415 and 422 are the
+//! rejections a framework makes before the handler does anything (axum answers 415 for a
+//! missing `Content-Type`, 422 for JSON that does not match, 400 for a bad query, 413 past its
+//! `DefaultBodyLimit`): the client is
+//! expected to fix its request and resend it with the same key, and Stripe saves no result when
+//! a request fails validation, so they release the key. The layer's own `422` (a key reused with
+//! another request) is told apart by its problem `type`,
 //! `urn:tower-once:idempotency:fingerprint-mismatch`. 408, 425 and 429 say "not now", so the
 //! client's retry should run. Replace the rule with
 //! [`IdempotencyLayer::store_when`](crate::IdempotencyLayer::store_when); any
@@ -80,16 +84,20 @@ where
 pub struct DefaultPredicate;
 
 /// The client errors that [`DefaultPredicate`] releases instead of storing: the validation
-/// rejections (400, 413, 415, 422) and "not now" (408, 425, 429). It stores every other 4xx, every
-/// 2xx and 3xx, and releases every 5xx. The one list the docs quote.
+/// rejections (400, 413, 415, 422) and "not now" (408, 425, 429). It stores every other 4xx,
+/// every 2xx and 3xx, and releases every 5xx. The one list the docs quote.
 ///
-/// ``` use tower_once_idempotency::predicate::{DefaultPredicate, StorePredicate,
-/// RELEASED_CLIENT_ERRORS};
+/// ```
+/// use tower_once_idempotency::predicate::{DefaultPredicate, StorePredicate, RELEASED_CLIENT_ERRORS};
 ///
-/// for code in 100..600u16 { let mut res = http::Response::new(()); *res.status_mut() =
-/// http::StatusCode::from_u16(code).unwrap(); let status = res.status(); let released =
-/// status.is_server_error() || RELEASED_CLIENT_ERRORS.contains(&status);
-/// assert_eq!(DefaultPredicate.should_store(&res.into_parts().0), !released, "{code}"); } ```
+/// for code in 100..600u16 {
+///     let mut res = http::Response::new(());
+///     *res.status_mut() = http::StatusCode::from_u16(code).unwrap();
+///     let status = res.status();
+///     let released = status.is_server_error() || RELEASED_CLIENT_ERRORS.contains(&status);
+///     assert_eq!(DefaultPredicate.should_store(&res.into_parts().0), !released, "{code}");
+/// }
+/// ```
 pub const RELEASED_CLIENT_ERRORS: [StatusCode; 7] = [
     StatusCode::BAD_REQUEST,
     StatusCode::REQUEST_TIMEOUT,
