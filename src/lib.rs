@@ -51,65 +51,15 @@
 //! # }
 //! ```
 //!
-//! # Recommended stacks
+//! The rest of this page: [recommended stacks](#recommended-stacks) for servers, HTTP and LLM
+//! clients and job handlers, each as code; [what to do when a stack does not
+//! compile](#when-a-stack-does-not-compile); how the [circuit breaker, fallback and
+//! hedging](#client-protection-circuit-breaker-fallback-hedging) work with the retry layer;
+//! [feature flags](#feature-flags); [metrics](#metrics).
 //!
-//! A client: retry outermost, so every attempt gets its own timeout, capped by what is left of
-//! the operation's deadline.
+#![doc = include_str!("../docs/recommended_stacks.md")]
 //!
-//! ```no_run
-//! # #[cfg(feature = "retry")]
-//! # async fn client() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! use std::time::Duration;
-//! use bytes::Bytes;
-//! use http_body_util::Full;
-//! use hyper_util::client::legacy::Client;
-//! use hyper_util::rt::TokioExecutor;
-//! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_once::retry::RetryLayer;
-//! use tower_once::timeout::http::HttpTimeoutLayer;
-//!
-//! let client = ServiceBuilder::new()
-//!     .layer(
-//!         RetryLayer::new()
-//!             .deadline(Duration::from_secs(10))
-//!             .into_http()
-//!             .stamp_idempotency_keys(true),
-//!     )
-//!     .layer(HttpTimeoutLayer::new(Duration::from_secs(2)).cover_body(true))
-//!     .service(Client::builder(TokioExecutor::new()).build_http());
-//!
-//! let request = http::Request::post("http://127.0.0.1:3000/charges")
-//!     .header("content-type", "application/json")
-//!     .body(Full::new(Bytes::from_static(br#"{"order_id":"A","amount":500}"#)))?;
-//! let response = client.oneshot(request).await?; // one key on every attempt
-//! println!("{}", response.status());
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! A server: the timeout outermost (it bounds the whole request, idempotency bookkeeping
-//! included), then the idempotency layer, then the routes.
-//!
-//! ```no_run
-//! # #[cfg(feature = "timeout")]
-//! # async fn server() -> std::io::Result<()> {
-//! use std::time::Duration;
-//! use axum::{routing::post, Router};
-//! use tower::ServiceBuilder;
-//! use tower_once::idempotency::IdempotencyLayer;
-//! use tower_once::timeout::http::ServerTimeoutLayer;
-//!
-//! let app = Router::new()
-//!     .route("/charges", post(|| async { "charged" }))
-//!     .layer(
-//!         ServiceBuilder::new()
-//!             .layer(ServerTimeoutLayer::new(Duration::from_secs(15)))
-//!             .layer(IdempotencyLayer::new().require_key(true)),
-//!     );
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//! axum::serve(listener, app).await
-//! # }
-//! ```
+#![doc = include_str!("../docs/client_protection.md")]
 //!
 //! # Feature flags
 //!
@@ -133,8 +83,13 @@
 //!
 //! # Metrics
 //!
-//! With the `metrics` feature, each enabled layer reports to the application's `metrics`
-//! recorder under these stable names:
+//! Every layer emits `tracing` spans and events (the idempotency layer's span is `idempotency`
+//! with the fields `method`, `path`, `store_key` and `outcome`; the worker's is `job` with
+//! `job_id`, `stream_id`, `deliveries` and `outcome`). With the `metrics` feature, each enabled
+//! layer also reports through the [`metrics`](https://docs.rs/metrics) facade, to whichever
+//! recorder the application installs (Prometheus, StatsD, ...), under these stable names
+//! (the repository's `tests/metrics.rs` records them; `tests/docs.rs` checks this table against
+//! the names the layers register):
 //!
 //! | metric | type | labels | counts |
 //! |---|---|---|---|
@@ -223,6 +178,13 @@ mod signal;
 pub use signal::{shutdown_signal, ShutdownSignal};
 
 /// Compiles the README's Rust examples as doctests, so the README cannot drift from the API.
-#[cfg(doctest)]
+/// They use the default features and no hidden lines (which GitHub would show): the features
+/// are named here instead.
+#[cfg(all(
+    doctest,
+    feature = "idempotency",
+    feature = "retry",
+    feature = "timeout"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -6,8 +6,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// A future that resolves when the process is asked to stop: on unix at the first SIGTERM or
-/// SIGINT, elsewhere at the first Ctrl-C. Give it to whatever waits for shutdown:
-/// `Worker::run`, `OutboxRelay::run`, axum's `with_graceful_shutdown`.
+/// SIGINT, elsewhere at the first Ctrl-C. Container runtimes, systemd and Kubernetes stop a
+/// process with SIGTERM, not Ctrl-C. Give it to whatever waits for shutdown: axum's
+/// `with_graceful_shutdown`, `Worker::run` or `OutboxRelay::run`, and the requests, jobs and
+/// sends in flight finish before the process exits 0. Feature `signal` (on by default, and with
+/// `worker` and `outbox`).
 ///
 /// On unix the handlers are installed when this is called, not when the future is first
 /// polled, so a signal that arrives in between is not missed: call it before announcing that
@@ -26,6 +29,30 @@ use std::task::{Context, Poll};
 /// axum::serve(listener, app)
 ///     .with_graceful_shutdown(tower_once::shutdown_signal())
 ///     .await
+/// # }
+/// ```
+///
+/// Behind an `IdempotencyLayer`, handlers whose clients went away run on tasks of their own;
+/// wait for them too, after the server stopped, so the effects they started are recorded
+/// (every example of this repository stops this way):
+///
+/// ```no_run
+/// # #[cfg(feature = "idempotency")]
+/// # async fn run() -> std::io::Result<()> {
+/// use axum::{routing::post, Router};
+/// use tower_once::idempotency::IdempotencyLayer;
+///
+/// let layer = IdempotencyLayer::new().require_key(true);
+/// let detached = layer.detached();
+/// let app = Router::new()
+///     .route("/charges", post(|| async { (http::StatusCode::CREATED, "charged") }))
+///     .layer(layer);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+/// axum::serve(listener, app)
+///     .with_graceful_shutdown(tower_once::shutdown_signal())
+///     .await?;
+/// detached.wait().await; // and handlers whose clients had gone away
+/// # Ok(())
 /// # }
 /// ```
 ///

@@ -1,4 +1,4 @@
-//! The axum tenants example (README "Use it with axum": keys scoped by the tenant an auth layer put
+//! The axum tenants example (examples/README.md: keys scoped by the tenant an auth layer put
 //! in the request extensions, records in Redis, the layer's errors in the API's own format) against
 //! a real Redis: per-tenant keys, auth before idempotency, the API's own error format.
 #![cfg(feature = "redis")]

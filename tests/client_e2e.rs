@@ -1,4 +1,4 @@
-//! The demo client (README "The demo server": `RetryLayer` + `HttpTimeoutLayer` over hyper-util,
+//! The demo client (examples/README.md: `RetryLayer` + `HttpTimeoutLayer` over hyper-util,
 //! each retry printed on stderr, one generated `Idempotency-Key` on every attempt of a `POST`, exit
 //! 0 on a 2xx) as a real process against the demo server, end to end.
 #![cfg(feature = "retry")]

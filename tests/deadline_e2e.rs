@@ -1,8 +1,8 @@
-//! The outcome at the deadline, against our own server (README, "Retries that cannot become a
-//! storm"; the retry crate's `RetryError`): a keyed POST whose handler outlives the client's
-//! deadline ends in a typed deadline error that says the operation may still complete and
-//! carries the key, never in the server's `409 in progress` passed off as the answer; the same
-//! key fetches the result afterwards, and the handler ran once.
+//! The outcome at the deadline, against our own server (retry crate docs; the retry crate's
+//! `RetryError`): a keyed POST whose handler outlives the client's deadline ends in a typed
+//! deadline error that says the operation may still complete and carries the key, never in the
+//! server's `409 in progress` passed off as the answer; the same key fetches the result afterwards,
+//! and the handler ran once.
 #![cfg(feature = "retry")]
 
 #[allow(dead_code)]
@@ -164,11 +164,12 @@ fn keyed_charge(addr: std::net::SocketAddr, key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// The README's `409` row ("if the deadline or the attempts run out first, `Err(RetryError)` with
-/// `is_in_progress()` ... and the `Idempotency-Key`"): while our server still runs a keyed charge,
-/// a duplicate whose attempts run out, one whose retry budget is spent, and one sent through two
-/// stacked HTTP retry layers all end in an error that says the operation is still running and may
-/// complete, with the key and the attempts, never the `409`; the handler runs once.
+/// The retry crate docs' `409` row ("if the deadline or the attempts run out first,
+/// `Err(RetryError)` with `is_in_progress()` ... and the `Idempotency-Key`"): while our server
+/// still runs a keyed charge, a duplicate whose attempts run out, one whose retry budget is spent,
+/// and one sent through two stacked HTTP retry layers all end in an error that says the operation
+/// is still running and may complete, with the key and the attempts, never the `409`; the handler
+/// runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_progress_when_attempts_or_budget_run_out_is_an_error_with_the_key() {
     use tower_once::retry::budget::RetryBudget;

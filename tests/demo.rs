@@ -1,5 +1,5 @@
-//! The main demo (README "Set-up": its story and its table), run as a process with a fixed seed:
-//! the story and the table add up.
+//! The main demo (examples/README.md "The main demo": its story and its table), run as a process
+//! with a fixed seed: the story and the table add up.
 #![cfg(feature = "retry")]
 
 mod support;

@@ -1,6 +1,6 @@
-//! What the idempotency layer answers (README "What the idempotency layer answers", "Try it"), end
-//! to end: the demo charge router served by hyper on loopback, driven by a hyper-util client, every
-//! answer counted in the ledger (the handler's effect).
+//! What the idempotency layer answers (idempotency crate docs "What happens to a request", "Try
+//! it"), end to end: the demo charge router served by hyper on loopback, driven by a hyper-util
+//! client, every answer counted in the ledger (the handler's effect).
 
 #[allow(dead_code)]
 #[path = "../examples/server/app.rs"]

@@ -1,11 +1,11 @@
-//! The `llm_failover` example (README "Client protection": retry and a circuit breaker on the
-//! primary provider, fallback to the secondary, one deadline per request) as a real process
-//! against two fake providers on loopback: an overloaded primary (`529`) opens its circuit
-//! within tens of calls and every request is answered by the secondary; a hanging primary is
-//! cut by the deadline's share and the secondary answers in time; a throttling primary
-//! (`429` with `retry-after-ms`) is retried after the delay it asked for; a healthy primary
-//! answers everything alone. Every test counts the calls each provider received and checks the
-//! example's own counts against them.
+//! The `llm_failover` example (examples/README.md, facade crate docs "Client protection": retry and
+//! a circuit breaker on the primary provider, fallback to the secondary, one deadline per request)
+//! as a real process against two fake providers on loopback: an overloaded primary (`529`) opens
+//! its circuit within tens of calls and every request is answered by the secondary; a hanging
+//! primary is cut by the deadline's share and the secondary answers in time; a throttling primary
+//! (`429` with `retry-after-ms`) is retried after the delay it asked for; a healthy primary answers
+//! everything alone. Every test counts the calls each provider received and checks the example's
+//! own counts against them.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! The facade's `metrics` feature (README "Observability": the names, types and labels of its
+//! The facade's `metrics` feature (crate docs "Metrics": the names, types and labels of its
 //! table), checked with a recording backend across the idempotency, retry, timeout, breaker,
 //! fallback and hedging layers. One test in its own binary, as the recorder is process-global.
 #![cfg(all(

@@ -1,10 +1,10 @@
-//! The whole pipeline (README "The whole pipeline: POST → queue → worker → Postgres + outbox →
-//! email", and its table of what each failure costs) as separate processes — api, worker, relay,
-//! model, mailer — on a `redis-server` of its own and a PostgreSQL database of its own, driven as
-//! the README describes the roles and the model's scripted answers. Each crash test kills a real
-//! process (SIGKILL) in the window that matters and asserts effect counts: model calls, summary
-//! rows, outbox rows, emails, deliveries; the API refuses hostile input and keeps tenants apart.
-//! Every wait is a bounded poll; nothing asserts on timing.
+//! The whole pipeline (examples/pipeline/README.md, and its table of what each failure costs) as
+//! separate processes — api, worker, relay, model, mailer — on a `redis-server` of its own and a
+//! PostgreSQL database of its own, driven as its README describes the roles and the model's
+//! scripted answers. Each crash test kills a real process (SIGKILL) in the window that matters and
+//! asserts effect counts: model calls, summary rows, outbox rows, emails, deliveries; the API
+//! refuses hostile input and keeps tenants apart. Every wait is a bounded poll; nothing asserts on
+//! timing.
 #![cfg(all(feature = "worker", feature = "outbox"))]
 
 mod support;
@@ -410,7 +410,7 @@ fn a_job_with_a_long_valid_job_id_is_summarized_and_mailed_once() {
     );
 }
 
-/// A tenant cannot read another tenant's summary (README "The whole pipeline": `GET
+/// A tenant cannot read another tenant's summary (examples/pipeline/README.md: `GET
 /// /v1/summaries/{job_id}` with an `X-Tenant-Id` answers only that tenant's jobs; without the
 /// header the job id, given only to the tenant that submitted it, is the capability). Was broken:
 /// `POST` was scoped by `X-Tenant-Id` and the `GET` was not, so another tenant read a summary by

@@ -1,4 +1,4 @@
-//! The demo server on Postgres as real processes (README "Choosing a store": with
+//! The demo server on Postgres as real processes (idempotency crate docs "Choosing a store": with
 //! `--postgres` each charge commits in one transaction with its idempotency record, so a crash
 //! at any step leaves either both or neither): SIGKILL after the charge is written but before
 //! the commit, and after the commit but before the answer; a replica frozen (SIGSTOP) past its

@@ -1,4 +1,4 @@
-//! The demo server on Redis as real processes (README "Use it with axum": several replicas share
+//! The demo server on Redis as real processes (examples/README.md: several replicas share
 //! the records through Redis; while Redis is unreachable the layer answers `503` and recovers on
 //! its own when Redis returns): many replicas, a replica killed mid-request, and Redis itself going
 //! away and coming back.

@@ -1,4 +1,4 @@
-//! A retrying `reqwest::Client` (README "reqwest clients") against the demo server on loopback:
+//! A retrying `reqwest::Client` (`retry::reqwest` docs) against the demo server on loopback:
 //! requests built the reqwest way, one stamped key on every attempt, `Retry-After` honoured, a
 //! `503` retried by default, only safe or keyed requests retried, reqwest's errors kept.
 #![cfg(feature = "reqwest")]
@@ -260,7 +260,7 @@ fn quick() -> tower_once::retry::backoff::Backoff {
     .unwrap()
 }
 
-/// As README "reqwest clients" and `http::SafeToRetry` say: through `retry::reqwest::Client`, an
+/// As `retry::reqwest` docs and `http::SafeToRetry` say: through `retry::reqwest::Client`, an
 /// unkeyed `POST` or `PATCH` is sent once (its `503` is the answer); a `safe_to_retry()` one is
 /// retried and carries no key even with key stamping on; a stamped or keyed one is retried with one
 /// key on every attempt; a `PUT` is retried without a key.

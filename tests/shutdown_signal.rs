@@ -1,4 +1,4 @@
-//! `shutdown_signal()` (crate docs; README "Stopping on SIGTERM"): SIGTERM, what containers are
+//! `shutdown_signal()` (crate docs; `shutdown_signal` docs): SIGTERM, what containers are
 //! stopped with, and SIGINT both stop a process gracefully. Real processes: the demo server
 //! example, and this test binary run again as a child. Every wait is a bounded poll; nothing
 //! asserts on timing.

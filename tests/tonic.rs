@@ -1,4 +1,4 @@
-//! tonic on both ends (README "gRPC and tonic", "tonic clients"), over real HTTP/2 on loopback:
+//! tonic on both ends (retry crate docs "gRPC", `retry::tonic` docs), over real HTTP/2 on loopback:
 //! `IdempotencyLayer` on a tonic server, `RetryLayer` + `HttpTimeoutLayer` on a tonic `Channel`;
 //! replays keep their status, a duplicate in flight is `UNAVAILABLE` with pushback, scopes fail
 //! closed as `UNAUTHENTICATED`. Messages are raw bytes (a codec of our own), so no protobuf tooling
@@ -394,7 +394,7 @@ async fn a_call_still_running_at_the_deadline_is_deadline_exceeded_with_its_key(
 }
 
 /// A call the server is still running when the client runs out of attempts (not time) ends as the
-/// README promises ("Retries that cannot become a storm", the `409` row: "... (gRPC:
+/// The retry crate docs promise (the `409` row: "... (gRPC:
 /// `DEADLINE_EXCEEDED`, the key in its metadata)"), never as `UNAVAILABLE`, the status a gRPC
 /// caller retries as "nothing happened" (with a freshly stamped key, a second charge). Was broken:
 /// `GrpcStatusLayer` answered `UNAVAILABLE` (tonic.rs, `to_status`).

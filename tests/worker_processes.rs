@@ -1,4 +1,4 @@
-//! The worker example as separate processes (README "The Redis Streams worker": its flags, the
+//! The worker example as separate processes (worker crate docs: its flags, the
 //! `runs:<job_id>` and `effects:<job_id>` counters it keeps in Redis, `--run-once`, SIGTERM; the
 //! worker crate docs' "Known limits") against a real `redis-server`: entries added with `XADD`,
 //! effects counted in Redis, workers killed with SIGKILL, stopped with SIGTERM, restarted under the
@@ -346,10 +346,10 @@ fn killed_mid_run_with_run_once_runs_again_as_delivery_two() {
     assert_eq!(counter(&server, "effects:mid"), 1);
 }
 
-/// With `--run-once`, "a job id whose effect is done is acknowledged without running again" (README
-/// "The Redis Streams worker"): the same job id enqueued twice while its first run (4 s) outlasts
-/// `claim_idle * max_deliveries` (400 ms * 2) has one effect, and the duplicate is acknowledged,
-/// never put in `jobs:dead`. The worker crate's
+/// With `--run-once`, "a job id whose effect is done is acknowledged without running again"
+/// (examples/README.md, "A Redis Streams worker"): the same job id enqueued twice while its first
+/// run (4 s) outlasts `claim_idle * max_deliveries` (400 ms * 2) has one effect, and the duplicate
+/// is acknowledged, never put in `jobs:dead`. The worker crate's
 /// `run_once::a_duplicate_enqueued_during_a_long_run_is_acked_as_duplicate` checks the library;
 /// this one the example's flags. Was broken: the duplicate ended in `jobs:dead`.
 #[test]
@@ -373,7 +373,7 @@ fn a_duplicate_enqueued_during_a_long_run_is_not_dead_lettered() {
     );
 }
 
-/// Known limit (worker crate docs and README, "Known limits"; ignored): a slow but live worker
+/// Known limit (worker crate docs, "Known limits"; ignored): a slow but live worker
 /// keeps its job, except when Redis is frozen longer than `claim_idle`. Redis frozen (SIGSTOP) for
 /// 5x `claim_idle` while a live worker ("a", `--run-once`) runs a long job and a second worker
 /// ("b") waits: after SIGCONT the entry's idle time and the run-once claim's TTL (both wall clock)

@@ -60,28 +60,34 @@
 //! | new key                                          | the handler's response (stored if 2xx/3xx/4xx but 400, 408, 413, 415, 422, 425, 429: [`RELEASED_CLIENT_ERRORS`](predicate::RELEASED_CLIENT_ERRORS)) | yes, once |
 //! | same key, same request, completed                | stored status, headers, body, trailers + `Idempotent-Replayed: true` | no |
 //! | same key, same request, still running            | `409` + `Retry-After` (lease left, at most 1 s) | no           |
-//! | same key, same method and path, different query or body | `422`                                    | no           |
+//! | same key, same method and path, different query or body | `422` (problem type `…:fingerprint-mismatch`) | no     |
 //! | same key, different method or path               | a separate record                               | yes, once    |
 //! | handler answered 5xx, 408, 425 or 429, or failed | the handler's answer; key released              | next retry runs it |
 //! | handler answered 400, 413, 415 or 422 (validation)    | the handler's answer; key released              | the fixed resend runs it |
-//! | the client went away mid-run                     | the handler finishes on its own task; response stored ([`cancel_on_disconnect`](IdempotencyLayer::cancel_on_disconnect) to drop it instead) | no: the retry is replayed |
+//! | the client went away mid-run (disconnect, timeout) | the handler finishes on its own task; response stored ([`cancel_on_disconnect`](IdempotencyLayer::cancel_on_disconnect) to drop it and release the key instead); at shutdown, [`detached`](IdempotencyLayer::detached)`().wait()` after the server stopped lets such handlers finish, and every store write a dropped request left in flight land | no: the retry is replayed |
 //! | the handler panicked                             | the panic goes on to the caller (hyper ends the connection; tower-http's `CatchPanicLayer` outside answers `500`); the handler's future is never polled again; key released | next retry runs it |
-//! | response larger than [`response_limit`](IdempotencyLayer::response_limit) | first caller gets it all; not replayable once it ended (released if it failed) | no |
-//! | request body over the limit                      | `413`                                           | no           |
-//! | missing key with `require_key`, malformed key    | `400`                                           | no           |
-//! | keyed, but the [scope] names no tenant           | `401`                                           | no           |
+//! | response larger than [`response_limit`](IdempotencyLayer::response_limit) (1 MiB) | the first caller gets it streamed in full; the key is kept (its lease renewed while it streams) and becomes not replayable when it ends, or released if the body fails | no (duplicates `409`) |
+//! | request body over [`body_limit`](IdempotencyLayer::body_limit) (1 MiB) | `413`, after reading (and dropping) up to 4× the limit for at most about a second, so an uploading client reads it; a client that sends nothing gets it after that second, and the connection is closed | no |
+//! | missing key with `require_key`, malformed or repeated key | `400`                                  | no           |
+//! | keyed, but the [scope] names no tenant (no tenant header, no principal in the extensions) | `401` (problem type `…:missing-scope`) | no |
 //! | store unreachable, slow or full                  | `503` + `Retry-After` (or run unclaimed with [`fail_open`](IdempotencyLayer::fail_open)) | no |
 //!
-//! The layer's own errors are `application/problem+json` with a stable `type` URI: see
-//! [`problem`]. gRPC clients get gRPC statuses instead, and a gRPC status in the response
+//! A streaming response (SSE) on a covered route is over the store limit as soon as it passes
+//! it: its first caller gets the stream, duplicates `409`. The layer's own errors are
+//! `application/problem+json` (RFC 9457) with a stable `type` URI such as
+//! `urn:tower-once:idempotency:in-progress`: see [`problem`]. gRPC clients get gRPC statuses instead, and a gRPC status in the response
 //! headers or trailers decides storing the way an HTTP status does ([`predicate`]): a transient
-//! code such as `UNAVAILABLE` releases the key, a final one is stored with its trailers. Stored responses keep every header but hop-by-hop ones and those named with
+//! code such as `UNAVAILABLE` releases the key, a final one is stored with its trailers and
+//! replayed, so a replay returns the same status and message. On a tonic server the layer goes
+//! on with `Server::builder().layer(...)`; clients send the key as `idempotency-key` metadata
+//! (the HTTP `RetryLayer` of `tower-once-retry` stamps it), and a duplicate in flight gets
+//! `UNAVAILABLE` with `grpc-retry-pushback-ms`, which that retry layer honours. Stored responses keep every header but hop-by-hop ones and those named with
 //! [`strip_header`](IdempotencyLayer::strip_header).
 //!
 //! # Crashes and leases
 //!
 //! A claim is a lease: a process that dies mid-request stops renewing, and its key is free again
-//! within one [`lease`](IdempotencyLayer::lease), so the client's retry runs. A handler slower
+//! within one [`lease`](IdempotencyLayer::lease) (10 s by default), so the client's retry runs. A handler slower
 //! than its lease keeps it as long as it is running. If it stalls so long that a renewal fails
 //! (the store was down), another request may claim the key: the handler can compare its
 //! [`ClaimToken`] with the record before committing to fence that case.
@@ -93,14 +99,7 @@
 //! [`respond_in`](Claim::respond_in) in its own transaction, fenced by the claim, so both commit
 //! or neither, and a stale owner's effect never commits.
 //!
-//! # Stores
-//!
-//! [`MemoryStore`](store::MemoryStore) (the default) is bounded, expires by TTL and serves one
-//! process. Several replicas share keys through `RedisStore` (feature `redis`), on Redis or Redis
-//! Cluster (it uses only commands Valkey shares, but is not tested on Valkey), or through
-//! `PostgresStore` (feature `postgres`), one table in your database, whose records a handler
-//! can commit with its own writes. Any type implementing [`IdempotencyStore`](store::IdempotencyStore) can serve; its
-//! contract and a conformance suite are in [`store`].
+#![doc = include_str!("../docs/stores.md")]
 //!
 //! # Observability
 //!
@@ -110,6 +109,18 @@
 //! `not_replayable`, `unavailable` or `unclaimed`. Rejections before the body is read are
 //! `debug` events with `outcome = "rejected"`.
 //!
+//! # With axum
+//!
+//! `Router::layer` and `Router::route_layer` both work; so does any tower `Service` over
+//! `http::Request`. With axum, the last `.layer` call is the outermost: an authentication layer
+//! whose extension the [scope] reads goes after the idempotency layer's `.layer` (a scope that
+//! cannot name the tenant refuses every keyed request, so a mistake there fails closed). The
+//! repository's `examples/axum_tenants.rs` shows the production shape: keys scoped by the
+//! tenant an auth middleware put in the request extensions, records in Redis, and the layer's
+//! errors in the API's own format ([`problem`]). Responses are replayed for 24 h by default
+//! ([`retention`](IdempotencyLayer::retention)); every setting is a builder method of
+//! [`IdempotencyLayer`].
+//!
 //! # Differences from other idempotency middleware
 //!
 //! - The key is scoped and fingerprinted like Stripe's and the IETF draft's: reuse with another
@@ -118,6 +129,17 @@
 //!   overwrite a newer claim.
 //! - 5xx and validation rejections release the key instead of caching a failure; a client
 //!   that goes away does not make the effect run twice.
+//!
+//! What each project documents (checked 2026-11; corrections welcome). "n/d": not documented.
+//! `tower::retry`, `tower::timeout`, tower-http, tower-resilience and reqwest-retry have no
+//! server-side idempotency keys.
+//!
+//! | | tower-once | axum-idempotent | Stripe API | IETF draft |
+//! |---|---|---|---|---|
+//! | server-side idempotency keys | ✓ any tower server, scoped per tenant | ✓ axum, in a session store | ✓ | ✓ (spec) |
+//! | concurrent duplicate | `409` + `Retry-After` | n/d | `409` | `409` |
+//! | same key, other request | `422` | a new key (hashing mode) | error | `422` |
+//! | crashed owner frees the key | within one lease | n/d | n/d | – |
 //!
 //! # Feature flags
 //!

@@ -153,7 +153,6 @@ mod tests {
             ("lib.rs", include_str!("lib.rs")),
             ("layer.rs", include_str!("layer.rs")),
             ("predicate.rs", include_str!("predicate.rs")),
-            ("README.md", include_str!("../../../README.md")),
         ] {
             assert!(text.contains(&list), "{name} does not quote {list}");
         }

@@ -1,11 +1,11 @@
-//! The claim, whichever way the store answers it (crate docs "What happens to a request"; README
-//! "What the idempotency layer answers"): a store whose claim future is ready on the first poll
-//! goes straight to the handler, without the `Claim` state, and every promise of the table is
-//! checked for a claim answered at once and for claims that are pending (once, with spurious
-//! wake-ups, over a delay), lost or panicking: replays, conflicts, mismatches, renewed leases,
-//! stored or released records, and never a second run. Many concurrent duplicates make one claim;
-//! a request dropped while its claim is in flight frees the key at once; the handler sees its
-//! claim's `ClaimToken` and the record's `StoreKey` (step 5), the same key for the same request.
+//! The claim, whichever way the store answers it (crate docs "What happens to a request"): a store
+//! whose claim future is ready on the first poll goes straight to the handler, without the `Claim`
+//! state, and every promise of the table is checked for a claim answered at once and for claims
+//! that are pending (once, with spurious wake-ups, over a delay), lost or panicking: replays,
+//! conflicts, mismatches, renewed leases, stored or released records, and never a second run. Many
+//! concurrent duplicates make one claim; a request dropped while its claim is in flight frees the
+//! key at once; the handler sees its claim's `ClaimToken` and the record's `StoreKey` (step 5),
+//! the same key for the same request.
 //! Paused time; every test counts handler runs.
 
 use bytes::Bytes;

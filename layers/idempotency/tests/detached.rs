@@ -1,4 +1,4 @@
-//! Waiting for detached work at shutdown (the `Detached` docs; the README's "Stopping on SIGTERM"
+//! Waiting for detached work at shutdown (the `Detached` docs; `shutdown_signal` docs
 //! and the row "the client went away ... at shutdown, `layer.detached().wait()` after the server
 //! stopped lets such handlers finish"): after a graceful shutdown, `wait()` returns only once every
 //! handler whose client left and every background store write of the layer has finished, so a
@@ -160,7 +160,8 @@ fn wait_after_shutdown_covers_a_completion_whose_client_left() {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let _ = stop.send(()); // SIGTERM
             let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-            // What a graceful shutdown does after the server stopped (README, `Detached`).
+            // What a graceful shutdown does after the server stopped (`shutdown_signal` docs,
+            // `Detached`).
             let waited = tokio::time::timeout(Duration::from_secs(10), detached.wait())
                 .await
                 .is_ok();

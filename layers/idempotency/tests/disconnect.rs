@@ -1,8 +1,8 @@
-//! A client that goes away while its handler runs (README "What the idempotency layer answers": the
-//! handler runs to completion on a task of its own and its response is stored, so the retry is
-//! replayed; `cancel_on_disconnect(true)` drops it and releases the key instead): a response future
-//! dropped under `tower::timeout` or by its caller (paused time), an HTTP/2 stream reset over real
-//! hyper, and a detached handler that panics. Every test counts handler runs.
+//! A client that goes away while its handler runs (idempotency crate docs "What happens to a
+//! request": the handler runs to completion on a task of its own and its response is stored, so the
+//! retry is replayed; `cancel_on_disconnect(true)` drops it and releases the key instead): a
+//! response future dropped under `tower::timeout` or by its caller (paused time), an HTTP/2 stream
+//! reset over real hyper, and a detached handler that panics. Every test counts handler runs.
 
 mod support;
 

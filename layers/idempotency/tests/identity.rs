@@ -1,8 +1,8 @@
-//! Record identity behind axum routing (README "What the idempotency layer answers": the same key
-//! to another method or path, as the client addressed it, prefix of an axum `nest` included, is a
-//! separate record; crate docs: a record belongs to the path the client addressed): path spellings
-//! axum routes to one resource share one record, and every router shape (nest inside nest,
-//! `nest_service`, a fallback service, `merge`, the layer outside the router) keeps resources
+//! Record identity behind axum routing (idempotency crate docs "What happens to a request": the
+//! same key to another method or path, as the client addressed it, prefix of an axum `nest`
+//! included, is a separate record; crate docs: a record belongs to the path the client addressed):
+//! path spellings axum routes to one resource share one record, and every router shape (nest inside
+//! nest, `nest_service`, a fallback service, `merge`, the layer outside the router) keeps resources
 //! apart. Every test counts handler runs.
 
 use axum::extract::Path;

@@ -1,5 +1,5 @@
-//! The in-memory store's bounds and fairness (`MemoryStore` docs; README "What the idempotency
-//! layer answers": "The in-memory store shares its room fairly"), through the store's public API
+//! The in-memory store's bounds and fairness (`MemoryStore` docs: "Fair
+//! between scopes"), through the store's public API
 //! and through the layer on an axum `Router`: byte pressure drops responses but never a key whose
 //! handler ran, and a tenant's flood of fresh keys or claims in progress never costs another tenant
 //! a completed record. Paused time.
@@ -236,10 +236,10 @@ mod through_the_layer {
         (answer.status, answer.replayed())
     }
 
-    /// Tenant A floods fresh keys into a full store (one shard of 6 entries: at parity once A holds 3); tenant B's
-    /// three payments are replayed all the while, and A is answered 201 (paying with its own
-    /// records) or 503, never at B's expense. Exactly at the retention B's record is gone: a
-    /// retry runs the handler again, and a changed body is a new charge, not a 422.
+    /// Tenant A floods fresh keys into a full store (one shard of 6 entries: at parity once A holds
+    /// 3); tenant B's three payments are replayed all the while, and A is answered 201 (paying with
+    /// its own records) or 503, never at B's expense. Exactly at the retention B's record is gone:
+    /// a retry runs the handler again, and a changed body is a new charge, not a 422.
     #[tokio::test(start_paused = true)]
     async fn a_tenants_flood_never_costs_another_tenant_a_payment_and_retention_is_exact() {
         let store = MemoryStore::builder().max_entries(6).build();

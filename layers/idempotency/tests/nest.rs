@@ -1,5 +1,5 @@
-//! Record identity behind axum's `Router::nest` and `route_layer` (README "What the idempotency
-//! layer answers": "Behind axum's `Router::nest` the layer identifies a record by the full path the
+//! Record identity behind axum's `Router::nest` and `route_layer` (crate docs "What happens to
+//! a request": "Behind axum's `Router::nest` the layer identifies a record by the full path the
 //! client addressed"): a record belongs to the path the client addressed, not the stripped path a
 //! nested router sees.
 
@@ -222,8 +222,8 @@ async fn identity_follows_the_addressed_path_with_the_layer_outside_the_router()
 }
 
 /// The same request to `/accounts/%41/charges` after `/accounts/A/charges` is a retry of it and is
-/// replayed, not refused: only "other query or body" is `422` (README table), and the record's
-/// identity treats an escaped unreserved character as the character (store/key.rs,
+/// replayed, not refused: only "other query or body" is `422` (the crate docs' table), and the
+/// record's identity treats an escaped unreserved character as the character (store/key.rs,
 /// `normalize_path`), so its fingerprint does too. Was broken: the fingerprint hashed the raw path,
 /// so the retry found A's record and was refused `422` "used with a different request".
 #[tokio::test]

@@ -1,8 +1,8 @@
-//! A handler completing its claim in its own transaction (README "Choosing a store": with the
-//! Postgres store the record commits with the handler's effects; a stale owner's effect never
-//! commits; a duplicate arriving before the commit waits and replays; the layer writes
-//! nothing more, so a fresh request costs the claim, the handler's own transaction and one
-//! read of the record).
+//! A handler completing its claim in its own transaction (idempotency crate docs "Choosing a
+//! store": with the Postgres store the record commits with the handler's effects; a stale owner's
+//! effect never commits; a duplicate arriving before the commit waits and replays; the layer writes
+//! nothing more, so a fresh request costs the claim, the handler's own transaction and one read of
+//! the record).
 #![cfg(feature = "postgres")]
 
 use axum::body::Body;

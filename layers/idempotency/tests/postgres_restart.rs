@@ -1,8 +1,8 @@
-//! `PostgresStore` across a restart of the database (README "Choosing a store" and the store's
-//! docs: while Postgres is down the layer answers `503` without running handlers; the pool
-//! replaces its connections, so requests succeed again once it is back, with no restart of
-//! the service; committed records survive). The database is a cluster of the test's own,
-//! stopped in immediate mode, as a crash.
+//! `PostgresStore` across a restart of the database (idempotency crate docs "Choosing a store" and
+//! the store's docs: while Postgres is down the layer answers `503` without running handlers; the
+//! pool replaces its connections, so requests succeed again once it is back, with no restart of the
+//! service; committed records survive). The database is a cluster of the test's own, stopped in
+//! immediate mode, as a crash.
 #![cfg(feature = "postgres")]
 
 use axum::body::Body;

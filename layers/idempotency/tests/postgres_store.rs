@@ -1,5 +1,5 @@
-//! `PostgresStore` against the machine's Postgres, each test in a schema of its own (README
-//! "Choosing a store": one statement per operation; a fresh request costs 2 round trips, a
+//! `PostgresStore` against the machine's Postgres, each test in a schema of its own (the
+//! `store::postgres` docs: one statement per operation; a fresh request costs 2 round trips, a
 //! replay 1; records are fenced by the token and the database's clock; while Postgres is
 //! unreachable the layer answers `503` without running handlers and recovers on its own).
 #![cfg(all(feature = "postgres", feature = "conformance"))]

@@ -1,6 +1,6 @@
-//! `RedisStore` through Redis hiccups (README "Use it with axum": every command has a 1 s timeout,
-//! the layer answers `503` while Redis is unreachable and recovers on its own; "What the
-//! idempotency layer answers": a handler runs once per key): a Redis frozen longer than the
+//! `RedisStore` through Redis hiccups (`store::redis` docs: every command has a 1 s timeout,
+//! the layer answers `503` while Redis is unreachable and recovers on its own; crate docs "What
+//! happens to a request": a handler runs once per key): a Redis frozen longer than the
 //! background release's schedule, a stall or a connection reset just as a handler finishes, on a
 //! cold or a warm script cache. Real `redis-server` processes (SIGSTOP, `CLIENT KILL`); every test
 //! counts handler runs.

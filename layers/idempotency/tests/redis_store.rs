@@ -1,4 +1,4 @@
-//! `RedisStore` against real `redis-server` processes (README "Use it with axum": each operation is
+//! `RedisStore` against real `redis-server` processes (`store::redis` docs: each operation is
 //! one single-key Lua script, on one server or a Redis Cluster; a fresh request costs 2 round
 //! trips, a replay, conflict or mismatch 1; while Redis is unreachable the layer answers `503`
 //! without running handlers and recovers on its own): the store contract on one server and on a

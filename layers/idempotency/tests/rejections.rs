@@ -1,6 +1,6 @@
-//! Which answers are stored (README "What the idempotency layer answers": a handler's 400, 413, 415
-//! or 422, axum's own rejections included, releases the key, so the fixed resend runs it), with
-//! axum's extractors and `DefaultBodyLimit` in front of the handler. Every test counts handler
+//! Which answers are stored (idempotency crate docs "What happens to a request": a handler's 400,
+//! 413, 415 or 422, axum's own rejections included, releases the key, so the fixed resend runs it),
+//! with axum's extractors and `DefaultBodyLimit` in front of the handler. Every test counts handler
 //! runs.
 
 use axum::extract::DefaultBodyLimit;

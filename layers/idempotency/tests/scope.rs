@@ -1,10 +1,10 @@
-//! Scopes fail closed (README "What the idempotency layer answers": "Scopes fail closed"; crate
-//! docs, "What happens to a request", step 2; the `scope` module): a keyed request whose scope
-//! names no tenant is refused with `401` (`…:missing-scope`) before its handler runs, and no record
-//! is ever shared between tenants, whatever order the layers are in and whatever the router's shape
-//! (`nest`, `merge`, `route_layer`, an auth layer that sets the tenant only for some requests), in
-//! process and over HTTP/1 and HTTP/2 from a hyper-util client to `axum::serve` on loopback. Every
-//! test counts handler runs.
+//! Scopes fail closed (idempotency crate docs "What happens to a request": "Scopes fail closed";
+//! crate docs, "What happens to a request", step 2; the `scope` module): a keyed request whose
+//! scope names no tenant is refused with `401` (`…:missing-scope`) before its handler runs, and no
+//! record is ever shared between tenants, whatever order the layers are in and whatever the
+//! router's shape (`nest`, `merge`, `route_layer`, an auth layer that sets the tenant only for some
+//! requests), in process and over HTTP/1 and HTTP/2 from a hyper-util client to `axum::serve` on
+//! loopback. Every test counts handler runs.
 
 mod support;
 

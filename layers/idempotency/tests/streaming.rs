@@ -1,9 +1,9 @@
-//! Responses over the store limit (README "What the idempotency layer answers": the first caller
-//! gets it streamed in full; the key is kept, its lease renewed while it streams, and becomes not
-//! replayable when it ends; duplicates get `409`): a body read, unread or dropped, a reader stalled
-//! over real hyper, and trailers streamed or stored; over a plain tower service, the first caller
-//! gets the whole response, a duplicate `409 not-replayable` once it ended, and a response that
-//! fails mid-stream releases the key instead. Every test counts handler runs.
+//! Responses over the store limit (idempotency crate docs "What happens to a request": the first
+//! caller gets it streamed in full; the key is kept, its lease renewed while it streams, and
+//! becomes not replayable when it ends; duplicates get `409`): a body read, unread or dropped, a
+//! reader stalled over real hyper, and trailers streamed or stored; over a plain tower service, the
+//! first caller gets the whole response, a duplicate `409 not-replayable` once it ended, and a
+//! response that fails mid-stream releases the key instead. Every test counts handler runs.
 
 mod support;
 

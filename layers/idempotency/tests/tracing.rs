@@ -1,7 +1,7 @@
-//! The `idempotency` span's name and fields (crate docs "Observability"; README "Observability")
-//! are a stable interface for dashboards and log queries. This test has its own binary: tracing
-//! caches callsite interest process-wide, so a thread-local subscriber is only reliable when no
-//! other test runs beside it.
+//! The `idempotency` span's name and fields (crate docs "Observability"; facade crate docs
+//! "Metrics") are a stable interface for dashboards and log queries. This test has its own binary:
+//! tracing caches callsite interest process-wide, so a thread-local subscriber is only reliable
+//! when no other test runs beside it.
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

@@ -1,6 +1,6 @@
-//! The request body limit (README "What the idempotency layer answers": "request body over the
-//! limit | `413`, after reading (and dropping) up to 4× the limit for at most about a second, so an
-//! uploading client reads it; a client that sends nothing gets it after that second, and the
+//! The request body limit (idempotency crate docs "What happens to a request": "request body over
+//! the limit | `413`, after reading (and dropping) up to 4× the limit for at most about a second,
+//! so an uploading client reads it; a client that sends nothing gets it after that second, and the
 //! connection is closed | no"), over real servers: raw HTTP/1 connections and hyper-util HTTP/1 and
 //! HTTP/2 clients against `axum::serve` on loopback, declared, chunked, dripping, silent and
 //! `Expect: 100-continue` uploads; and over a plain tower service with paused time, a declared or

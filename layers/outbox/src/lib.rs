@@ -63,8 +63,17 @@
 //! pool), so even a one-connection pool is left for the passes. Error texts are stored with
 //! NUL replaced and cut to 2 KiB.
 //!
-//! The schema is `migrations/0001_outbox.sql` (PostgreSQL 14+): copy it into your migrations,
-//! or call [`Outbox::migrate`], which runs it under an advisory lock.
+//! The relay keeps up to `batch_size` sends in flight and refills free slots (once a quarter is
+//! free) while others still run, so a hanging provider holds only its own rows. Compared with
+//! an outbox whose relay locks its rows while it sends, this relay holds no row lock across the
+//! network call (a claim is a short statement plus a lease), a dead relay's rows come back by
+//! themselves, it wakes on `LISTEN/NOTIFY` instead of only polling, the provider's
+//! `Retry-After` sets the next attempt, and a panic or a hang in the sender is a counted attempt
+//! instead of a stuck row.
+//!
+//! The schema is `migrations/0001_outbox.sql` (PostgreSQL 14+): copy it into your migrations
+//! (`Outbox::migration_sql()` gives it for another table name), or call [`Outbox::migrate`],
+//! which runs it under an advisory lock.
 //!
 //! # HTTP senders
 //!

@@ -1,5 +1,5 @@
 //! Writing a message (crate docs "Semantics", the row "`Outbox::enqueue` in the caller's
-//! transaction"; README "The whole pipeline"): a message commits with its transaction and is sent
+//! transaction"; examples/pipeline/README.md): a message commits with its transaction and is sent
 //! once, the same dedupe key is written once and a reused one refused, concurrent enqueues of one
 //! key follow the first transaction, the table name is checked (another schema, a reserved word,
 //! concurrent migrations), and hostile keys, topics, payloads and delays are stored verbatim. Against the machine's PostgreSQL (`DATABASE_URL`,

@@ -436,12 +436,12 @@ fn every_300ms() -> Backoff {
 }
 
 /// The send's deadline reaches the HTTP request ("the deadline travels with the message too, for a
-/// sender that hands it to a task"; `OutboxMessage` is a `Carrier`, README "Retries that cannot
-/// become a storm"): a retry layer on the client below `HttpSender`, on another task, stops at it.
-/// A provider that always answers `503`, a retry every 300 ms: within the deadline there is room
-/// for 3 requests (at 0, 300 and 600 ms). Was broken: `HttpSender` built the request without the
-/// message's extensions (http/route.rs, `Route::request`), so the client made all 10 of its
-/// attempts, long after the relay had cut the send at 800 ms and scheduled the row again.
+/// sender that hands it to a task"; `OutboxMessage` is a `Carrier`, retry crate docs): a retry
+/// layer on the client below `HttpSender`, on another task, stops at it. A provider that always
+/// answers `503`, a retry every 300 ms: within the deadline there is room for 3 requests (at 0, 300
+/// and 600 ms). Was broken: `HttpSender` built the request without the message's extensions
+/// (http/route.rs, `Route::request`), so the client made all 10 of its attempts, long after the
+/// relay had cut the send at 800 ms and scheduled the row again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_on_another_task_stops_at_the_sends_deadline() {
     let db = Database::new().await;
@@ -474,7 +474,7 @@ async fn a_sender_on_another_task_stops_at_the_sends_deadline() {
     );
 }
 
-/// Nested retries must not multiply (README "Retries that cannot become a storm": the attempt's
+/// Nested retries must not multiply (retry crate docs: the attempt's
 /// mark travels with `OutboxMessage`): a `RetryLayer` around the sender marks each message as one
 /// of its attempts, and a retry layer below, on the task the message was handed to, defers to it: 3
 /// requests reach the provider. Was broken: `HttpSender` dropped the mark with the rest of the
@@ -586,7 +586,7 @@ async fn failures_are_never_sent_and_every_attempt_carries_the_dedupe_key() {
     );
 }
 
-/// A `3xx` is not a delivery (the README's `HttpSender` table and the `http` module's table: only a
+/// A `3xx` is not a delivery (the `http` module's table: only a
 /// `2xx` marks the row sent): a provider that answers `308 Permanent Redirect` (an `http://` route
 /// to a provider that moved to `https://`) accepted nothing, and the client does not follow it, so
 /// the row is parked for a person, not marked sent. Was broken: the code made a `3xx` a delivery,

@@ -1,6 +1,6 @@
-//! The outbox's `metrics` counter (crate docs, "Feature flags"; README "Observability"), with a
-//! recording backend and a real PostgreSQL database of its own. One test in its own binary, as the
-//! recorder is process-global.
+//! The outbox's `metrics` counter (crate docs, "Feature flags"; facade crate docs "Metrics"), with
+//! a recording backend and a real PostgreSQL database of its own. One test in its own binary, as
+//! the recorder is process-global.
 #![cfg(feature = "metrics")]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

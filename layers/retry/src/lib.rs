@@ -24,7 +24,12 @@
 //!   [`RetryError::is_in_progress`] and the [key](RetryError::idempotency_key) to fetch the
 //!   result later, never with the `409` as if it were the answer.
 //! - **A retry budget** shared by every clone of the layer ([`budget`]): a total outage adds
-//!   about 20 % load, not four times as much.
+//!   about 20 % load, not four times as much. In a paused-time storm test (10 000 requests over
+//!   10 s against an upstream failing every call), the default budget held the load to 12 200
+//!   calls (1.22×) where the attempt limit alone allowed 40 000 (4×); with 5 % of calls
+//!   failing, all 10 000 requests still succeeded, in 10 513 calls
+//!   (`cargo test -p tower-once-retry --test retry -- --nocapture a_retry_storm` prints the
+//!   figures).
 //! - **Nested layers do not multiply**: a `Retry` called inside another's attempt makes one
 //!   attempt and leaves retrying to the outer one.
 //! - **A circuit breaker below is heard**: an attempt its circuit refused was never sent; the
@@ -50,7 +55,10 @@
 //! | `tokio::spawn`, a channel (the inner future polled on another task) | defers, sees the deadline | **multiplies**, and sees only its own deadline (the outer layer still ends the operation at its deadline) |
 //!
 //! A generic request type of your own carries nothing until it implements
-//! [`Carrier`](tower_once_timeout::Carrier) with extensions of its own.
+//! [`Carrier`](tower_once_timeout::Carrier) with extensions of its own. A caller gives a call its
+//! deadline with [`Deadline::call`](tower_once_timeout::Deadline::call): the request carries it
+//! and the call's future is polled in its scope, so it reaches every layer below, behind a
+//! `Buffer` too.
 //!
 //! # Example
 //!
@@ -91,7 +99,10 @@
 //! | the deadline passes before an attempt could start, during a wait, or during an attempt | `Err` with [`RetryError::is_deadline`] and no inner error |
 //!
 //! A response that classified as retryable (a `503`, say) is returned as `Ok` when the layer
-//! gives up: the caller sees the last real answer. [`RetryLayer`] needs `Clone` requests (one
+//! gives up: the caller sees the last real answer. An attempt that the deadline cuts (the layer
+//! itself, or a `TimeoutLayer` below at the deadline) ends the operation with
+//! [`RetryError::is_deadline`] and [`RetryError::may_have_executed`]: the request was sent, so
+//! it may still complete; its text says so, with the attempts, the time taken and the key. [`RetryLayer`] needs `Clone` requests (one
 //! clone per attempt); [`http::HttpRetryLayer`] does not.
 //!
 //! # Differences from tower::retry
@@ -100,13 +111,50 @@
 //! `Retry-After` and request cloning to each user; its `TpsBudget` is a separate piece. Here
 //! they are one layer with defaults, and the error keeps the inner error's type.
 //!
+//! What each project documents (checked 2026-11; corrections welcome). "n/d": not documented.
+//!
+//! | | tower-once | `tower::retry` / `tower::timeout` | tower-http | tower-resilience | reqwest-retry |
+//! |---|---|---|---|---|---|
+//! | retry classification | action incl. server delay | policy decides | (classify, for tracing) | predicate | transient or not |
+//! | `Retry-After` / gRPC pushback | ✓ both | – | – | n/d | separate crate |
+//! | one deadline over all attempts | ✓ | – | – | n/d | – |
+//! | retry budget | ✓ shared, ratio + floor | ✓ `TpsBudget` | – | ✓ | – |
+//! | non-`Clone` request bodies | ✓ buffered up to a limit | clone in the policy | – | `Clone` required | via reqwest |
+//! | timeout capped by the deadline | ✓, `grpc-timeout` both ways | fixed | fixed (server, `408`) | fixed | – |
+//!
 //! # HTTP
 //!
 //! `http::Request`s are not `Clone`, and their bodies often are not either (hyper's `Incoming`,
 //! axum's `Body`, streams). [`http::HttpRetryLayer`] (from [`RetryLayer::into_http`]) buffers
 //! the body for replay up to a limit, retries only safe requests (idempotent methods, or a
 //! request carrying an `Idempotency-Key`), can stamp a fresh key on unkeyed `POST`/`PATCH`, and
-//! puts the operation's deadline in each attempt's extensions.
+//! puts the operation's deadline in each attempt's extensions. The generic [`RetryLayer`]
+//! retries whatever request it is given (an `http::Request<Full<Bytes>>` is `Clone`, so it
+//! compiles): for HTTP, always use its HTTP form.
+//!
+//! What the HTTP form does after each attempt, with its default classifier
+//! ([`classify::HttpClassifier`] has the full table) and the defaults of [`RetryLayer::new`]
+//! (4 attempts, 500 ms doubling to 8 s with full jitter, a 30 s deadline, the default budget):
+//!
+//! | outcome of an attempt | retried? |
+//! |---|---|
+//! | transport or connect error, `TimeoutLayer` expiry | yes, unless the deadline has passed |
+//! | `408`, `429`, `500`, `502`, `503`, `504`, `529` (an LLM provider overloaded) | yes, after the server's delay if sent: `retry-after-ms` (the LLM providers' milliseconds), else `Retry-After` (capped at 60 s) |
+//! | a failure with `x-should-retry: true` or `false` (the LLM providers' SDK convention) | as the server says, whatever the status |
+//! | `409` with `Retry-After` or `Idempotency-In-Progress: true`, gRPC `UNAVAILABLE` with `idempotency-in-progress: true` (an idempotency server: "still in progress"; `IdempotencyLayer` sends them) | yes, after it; if the deadline, the attempts or the budget run out first, `Err(RetryError)` with `is_in_progress()` (and `is_deadline()` when it was the deadline) and the `Idempotency-Key` to fetch the result later (gRPC: `DEADLINE_EXCEEDED`, the key in its metadata), never the `409` as the answer |
+//! | gRPC `UNAVAILABLE`, `RESOURCE_EXHAUSTED` | yes, after `grpc-retry-pushback-ms` if sent; a negative pushback stops |
+//! | anything else | no: returned as is |
+//! | any of the above, on a `POST`/`PATCH` without an `Idempotency-Key` | no, unless keys are stamped or the request is marked `SafeToRetry` |
+//! | refused by an open circuit below (`CircuitBreakerLayer`): never sent | yes, when the circuit admits a probe, not after the backoff, and without drawing on the budget; when that is after the deadline, at once `Err(RetryError)` with `is_circuit_open()` |
+//!
+//! # gRPC
+//!
+//! The HTTP form and `HttpTimeoutLayer` wrap a tonic `Channel` (with the adapters of the
+//! `tonic` module, feature `tonic`) and send `grpc-timeout`. The classifier reads
+//! `grpc-status` from the response headers (trailers-only answers, which is how tonic and
+//! grpc-go send unary errors); for servers that send the status in trailers after the headers,
+//! add [`grpc::GrpcTrailersLayer`] below the retry layer so the trailers are read before
+//! classifying. reqwest users have the `reqwest` module (feature `reqwest`).
 //!
 //! # Feature flags
 //!

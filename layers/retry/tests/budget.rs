@@ -1,5 +1,5 @@
 //! The retry budget and the settings shared by every clone (crate docs: "a retry budget shared by
-//! every clone of the layer"; README "Retries that cannot become a storm": a budget shared by all
+//! every clone of the layer"; retry crate docs: a budget shared by all
 //! clones; `rng_seed` makes delays reproducible): the per-thread copies of the layer's settings
 //! share one budget, one set of counters and one seeded generator, whichever threads and runtimes
 //! call them. The multi-thread tests assert counts, never durations.

@@ -1,5 +1,5 @@
 //! One deadline over all attempts, wherever the layers sit (crate docs, "What crosses a
-//! `Buffer` or a spawned task"; README, "Retries that cannot become a storm"): no attempt and no
+//! `Buffer` or a spawned task"; retry crate docs): no attempt and no
 //! backoff once the enclosing deadline has passed, a deadline expiry is never retried, and the
 //! deadline and the attempt mark reach retry and timeout layers behind a `tower::buffer::Buffer`
 //! or on another task. Paused time; every test counts the calls that reached the upstream.
@@ -243,7 +243,7 @@ async fn a_deadline_on_a_tonic_request_crosses_a_buffer_and_a_task() {
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
 
-/// "No attempt once the enclosing deadline has passed" (README; crate docs), also for an operation
+/// "No attempt once the enclosing deadline has passed" (crate docs), also for an operation
 /// called while time is left and first polled after the deadline passed (futures made up front and
 /// awaited one after another; a spawned call the runtime schedules late): its first attempt never
 /// starts. Was broken: `Operation::is_expired` compared the deadline with the clock reading taken

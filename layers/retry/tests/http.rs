@@ -1,4 +1,4 @@
-//! `HttpRetryLayer` (README "Retries that cannot become a storm"; crate docs "HTTP"): the
+//! `HttpRetryLayer` (retry crate docs; crate docs "HTTP"): the
 //! safe-request rule, key stamping, non-Clone bodies replayed byte for byte, over-limit bodies sent
 //! once, the deadline in each attempt's extensions.
 

@@ -1,5 +1,5 @@
-//! `RetryLayer`'s semantics table (crate docs "Semantics"; README "Retries that cannot become a
-//! storm": which outcomes are retried, backoff with jitter, `Retry-After`, attempts, one deadline,
+//! `RetryLayer`'s semantics table (crate docs "Semantics" and "HTTP":
+//! which outcomes are retried, backoff with jitter, `Retry-After`, attempts, one deadline,
 //! the hook, the seed and the budget), on tokio's paused clock. Every test counts the inner calls.
 
 use http::{Response, StatusCode};

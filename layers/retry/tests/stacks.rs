@@ -1,4 +1,4 @@
-//! The retry layer in the stacks deployments build (README "Retries that cannot become a storm":
+//! The retry layer in the stacks deployments build (retry crate docs:
 //! stacked `RetryLayer`s do not multiply, and the deadline bounds every layer below; crate docs:
 //! one deadline for the whole operation, "whatever sits below"): an inner layer reached through an
 //! `async` block or behind a `Buffer` defers to the outer one; a single-attempt request, a hanging

@@ -1,4 +1,4 @@
-//! Waits between attempts, inside one deadline (README "Retries that cannot become a storm": every
+//! Waits between attempts, inside one deadline (retry crate docs: every
 //! attempt and wait inside one deadline, never sleeping when the wait would end past it; crate docs
 //! "Semantics": no wait continues once it has passed; `Retry-After` honoured, capped): whatever mix
 //! of slow, instant and hanging attempts, waits, `Retry-After` values, services that stop being

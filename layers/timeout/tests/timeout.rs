@@ -1,7 +1,6 @@
-//! The timeout layers' semantics table (crate docs "Semantics"; README "Timeouts that respect the
-//! deadline": each call capped at `min(limit, time left before the Deadline)`, no call once the
-//! deadline is spent, which bound fired; the HTTP client and server forms), on tokio's paused
-//! clock.
+//! The timeout layers' semantics table (crate docs "Semantics": each call capped at `min(limit,
+//! time left before the Deadline)`, no call once the deadline is spent, which bound fired; the HTTP
+//! client and server forms), on tokio's paused clock.
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

@@ -5,7 +5,8 @@
 //! Because the handler is a service, the same layers that guard an HTTP client guard a job: a
 //! `RetryLayer` absorbs seconds-long blips inside one delivery, a `TimeoutLayer` caps each
 //! attempt by what is left of the delivery's [`Deadline`](tower_once_timeout::Deadline),
-//! redelivery absorbs crashes, and the dead-letter stream takes what no retry can fix.
+//! redelivery absorbs crashes, and the dead-letter stream takes what no retry can fix. It
+//! needs Redis 7.0 or newer, one server or a Cluster.
 //!
 //! # Example
 //!
@@ -36,8 +37,13 @@
 //! # }
 //! ```
 //!
-//! Jobs are added by [`Producer::enqueue`], or by anyone with
-//! `XADD <stream> * job_id <id> payload <bytes>`.
+//! Jobs are added by [`Producer::enqueue`] (with `job_id`, `payload`, `enqueued_at`), or by
+//! anyone with `XADD <stream> * job_id <id> payload <bytes>`. [`JobId::from_scoped_key`]
+//! derives a job id from an idempotency record (uuid v5), so a retried request enqueues the
+//! same job id; [`Producer::trim_acknowledged`] trims with `MINID` below every group's oldest
+//! pending or undelivered entry, never a pending one. The repository's `examples/worker.rs` is a
+//! worker process to try (its options and the `redis-cli` lines that feed it are in
+//! `examples/README.md`).
 //!
 //! # Semantics
 //!
@@ -60,7 +66,10 @@
 //! A dependency's outage should not spend deliveries: put a circuit breaker with
 //! `gate_readiness(true)` (`tower_once::breaker`) in the handler, and while its circuit is
 //! open the worker fetches nothing; only its probes are delivered, one at a time, so an outage
-//! far longer than `max_deliveries × claim_idle` dead-letters nothing.
+//! far longer than `max_deliveries × claim_idle` dead-letters nothing. The repository's
+//! `layers/worker/tests/dependency_outage.rs`: a 10 s outage with `max_deliveries` 3 and a 2 s
+//! job deadline dead-letters none of five jobs and runs each once it ends; without the breaker,
+//! all five are dead-lettered.
 //!
 //! The recommended handler stack, outermost first: the gating breaker, a retry inside the
 //! delivery, a timeout per attempt, the job. Every error on the way keeps its
@@ -95,8 +104,12 @@
 //!
 //! Delivery counts come from Redis, not memory, so they survive crashes. Dead letters carry
 //! `job_id`, `payload`, `reason`, `deliveries`, `stream_id`, `error`, `consumer`, `dead_at`
-//! ([`dead_letter`]). On Redis Cluster, give the stream a hash tag (`{jobs}`) so
-//! `{jobs}:dead` shares its slot and dead-lettering stays one transaction.
+//! ([`dead_letter`]); [`DeadLetters::list`](dead_letter::DeadLetters::list) and
+//! [`DeadLetters::requeue`](dead_letter::DeadLetters::requeue) let a person look at them and send
+//! them back. On Redis Cluster, give the stream a hash tag (`{jobs}`) so `{jobs}:dead` shares
+//! its slot and dead-lettering stays one transaction; without a tag the cluster refuses the
+//! `MULTI` and the worker falls back to `XADD` then `XACK` (a crash in between gives a duplicate
+//! dead letter, never a lost job).
 //!
 //! Throughput costs per job, amortised: one `XREADGROUP` per batch, one `XACK` per batch of
 //! finished jobs; `XAUTOCLAIM` every `claim_idle / 2` (plus one `XPENDING` when it found
@@ -126,7 +139,20 @@
 //!   ([`RunOnceLayer`] on the Postgres store) finds its claim lost when it resumes and rolls
 //!   back instead.
 //! - On the memory or Redis store, run-once cannot cover a crash between the effect and its
-//!   "done" record; on the Postgres store the handler commits both together.
+//!   "done" record (the job runs again once the claim's lease expires); on the Postgres store
+//!   the handler commits that record in the transaction of its effects
+//!   (`Claim::complete_in`, feature `postgres` of `tower-once-idempotency`, as the pipeline
+//!   example's worker does), which closes the window for effects in that database.
+//! - A `Retry`'s `after` (a server's `Retry-After`, given with [`JobError::redeliver_after`])
+//!   holds the next delivery back by at most `claim_idle` (a stream cannot delay one entry
+//!   longer; longer delays are cut to it); a delay shorter than `block` (default 2 s) may wait
+//!   for the read already in progress; and it assumes every consumer of the group uses the same
+//!   `claim_idle` (one with a shorter `claim_idle` sees the held-back entry as claimable
+//!   sooner).
+//! - The group-lag gauge is per worker process (each reports the same group's lag).
+//!
+//! The first two are kept as ignored tests in the repository (`layers/worker/tests/delivery.rs`,
+//! `tests/worker_processes.rs`).
 //!
 //! # Feature flags
 //!

@@ -1,4 +1,4 @@
-//! Redis Cluster (README "The Redis Streams worker": with a hash tag, a stream and its dead-letter
+//! Redis Cluster (worker crate docs: with a hash tag, a stream and its dead-letter
 //! stream share a slot and dead-lettering stays one transaction; without one the worker falls back
 //! to `XADD` then `XACK`), on a local three-master cluster.
 

@@ -1,4 +1,4 @@
-//! Dead letters (README "The Redis Streams worker", worker crate docs "Semantics": an entry with no
+//! Dead letters (worker crate docs, worker crate docs "Semantics": an entry with no
 //! valid `job_id` is dead-lettered with `reason` `malformed`, its handler not called;
 //! `DeadLetters::list` and `DeadLetters::requeue` let a person send them back), against real
 //! `redis-server` processes. Each test counts handler calls.

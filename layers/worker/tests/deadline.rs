@@ -1,5 +1,5 @@
 //! The per-delivery deadline (worker crate docs: a `Deadline` in scope for every poll of the
-//! handler, and on the job; README "Retries that cannot become a storm": the deadline and the
+//! handler, and on the job; retry crate docs: the deadline and the
 //! attempt's mark travel with the worker's `Job`), with real `redis-server` processes: layers
 //! inside the handler stack are bounded by it, across tasks and channels too.
 
@@ -57,7 +57,7 @@ async fn a_timeout_layer_inside_is_capped_by_the_job_deadline() {
 }
 
 /// The deadline and the attempt's mark travel with the worker's `Job` across tasks and channels
-/// (README "Retries that cannot become a storm"; worker crate docs: a per-delivery deadline "in
+/// (retry crate docs; worker crate docs: a per-delivery deadline "in
 /// scope for every poll of the handler, and on the job"): a real `Worker` whose handler stack is a
 /// `RetryLayer` (10 attempts, a retry every 300 ms, its own 30 s deadline), then a channel to a
 /// pool task that runs each job on a spawned task of its own, then another `RetryLayer` and a

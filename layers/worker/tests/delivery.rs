@@ -1,4 +1,4 @@
-//! Deliveries (README "The Redis Streams worker", worker crate docs "Semantics"), against real
+//! Deliveries (worker crate docs, worker crate docs "Semantics"), against real
 //! `redis-server` processes: a success is acknowledged once, a permanent error is dead-lettered
 //! after one call, a transient one stays pending and is redelivered with its delivery count until
 //! `max_deliveries` dead-letters it unrun, a `RetryLayer` inside absorbs failures within one

@@ -1,6 +1,6 @@
-//! The worker's `metrics` names and labels (worker crate docs, "Feature flags"; README
-//! "Observability") against a real `redis-server`, checked with a recording backend. Its own test
-//! binary, as the recorder is process-global.
+//! The worker's `metrics` names and labels (worker crate docs, "Feature flags"; facade crate docs
+//! "Metrics") against a real `redis-server`, checked with a recording backend. Its own test binary,
+//! as the recorder is process-global.
 #![cfg(feature = "metrics")]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

@@ -1,4 +1,4 @@
-//! The redelivery delay (README "The Redis Streams worker", worker crate docs "Semantics": a
+//! The redelivery delay (worker crate docs, worker crate docs "Semantics": a
 //! transient `Err` with `JobError::redeliver_after(d)` is redelivered after about `d`, never
 //! earlier, at most `claim_idle`), against real `redis-server` processes. The documented limits (a
 //! delay shorter than `block`; consumers of one group with different `claim_idle`) are ignored
@@ -154,7 +154,7 @@ async fn a_transient_error_with_a_delay_is_redelivered_after_it_not_after_claim_
     assert_eq!(log.calls("job-late"), 1, "not redelivered early");
 }
 
-/// Documented limit (README, worker crate docs): with the default `block` (2 s) a 100 ms delay
+/// Documented limit (worker crate docs): with the default `block` (2 s) a 100 ms delay
 /// comes back after about 2 s when the fetcher was already parked in `XREADGROUP ... BLOCK`
 /// as the handler asked; it looks at the request when that read returns (later reads are cut
 /// short to the next early take-over). Interrupting the read would drop a reply that already

@@ -1,4 +1,4 @@
-//! Takeover (README "The Redis Streams worker": a crashed worker's entry is taken over after
+//! Takeover (worker crate docs: a crashed worker's entry is taken over after
 //! `claim_idle` with its delivery count + 1; the live worker refreshes its claim, so only dead
 //! workers lose jobs), against real `redis-server` processes. Each test counts handler calls; Redis
 //! idle times are real time, so `claim_idle` is short and every wait is a bounded poll.

@@ -1,4 +1,4 @@
-//! Trimming (README "The Redis Streams worker": `Producer::trim_acknowledged` trims with `MINID`
+//! Trimming (worker crate docs: `Producer::trim_acknowledged` trims with `MINID`
 //! below every group's oldest pending or undelivered entry, never a pending one), against a real
 //! `redis-server`.
 

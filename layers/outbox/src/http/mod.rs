@@ -57,8 +57,8 @@
 //! |---|---|---|
 //! | `2xx` | `Ok(`[`Delivered`]`)` | marks the row sent |
 //! | `3xx` (a redirect, which the sender does not follow) | [`HttpSendError::is_status`], [permanent](HttpSendError::is_permanent) | parks the row: fix the route's URL |
-//! | `408`, `429`, `500`, `502`, `503`, `504`, or `409` with `Retry-After` | [`HttpSendError::is_status`], with the `Retry-After` | `attempts + 1`; the next attempt after the `Retry-After`, or the backoff |
-//! | any other status (`400`, `404`, `422`...) | [`HttpSendError::is_status`], [permanent](HttpSendError::is_permanent) | parks the row |
+//! | `408`, `429`, `500`, `502`, `503`, `504`, `529`, or `409` with `Retry-After` (or a failure with `x-should-retry: true`) | [`HttpSendError::is_status`], with the server's delay | `attempts + 1`; the next attempt after the server's `retry-after-ms` or `Retry-After`, or the backoff |
+//! | any other status (`400`, `404`, `422`...) | [`HttpSendError::is_status`], [permanent](HttpSendError::is_permanent) | parks the row, with the provider's status and words in `last_error` |
 //! | the client fails (connect, timeout, a retry layer giving up) | [`HttpSendError::is_transport`] | `attempts + 1`, the backoff |
 //! | the topic has no route | [`HttpSendError::is_unrouted`]; no request is made | `attempts + 1`, the backoff; parked after `max_attempts` |
 //! | the dedupe key is no header value (a row written around [`Outbox::enqueue`](crate::Outbox::enqueue)) | [`HttpSendError::is_invalid_key`]; no request is made | parks the row |

@@ -46,6 +46,17 @@
 //!
 //! # Compared with reqwest-middleware and reqwest-retry
 //!
+//! The same client with reqwest-middleware and reqwest-retry, from their READMEs (not
+//! dependencies of this crate, so this block is not compiled):
+//!
+//! ```rust,ignore
+//! let retry_policy = ExponentialBackoff::builder().build_with_max_retries(3);
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(RetryTransientMiddleware::new_with_policy(retry_policy))
+//!     .build();
+//! let response = client.post(url).json(&order).send().await?; // retried whatever the method
+//! ```
+//!
 //! | | [`Client`] | reqwest-middleware + reqwest-retry |
 //! |---|---|---|
 //! | one cloneable client, reqwest's request builder | ✓ | ✓ (`ClientWithMiddleware`) |
@@ -56,9 +67,11 @@
 //! | retry budget against storms | ✓ shared by clones | – |
 //! | only idempotent, keyed or [`safe_to_retry`](RequestBuilder::safe_to_retry) requests retried | ✓ | – (any request) |
 //! | one `Idempotency-Key` stamped on every attempt | ✓ | – |
-//! | an idempotency server's "in progress" told apart, at the deadline too | ✓ (`is_in_progress`, the key to fetch the result) | – |
+//! | an idempotency server's "in progress" told apart, at the deadline too | ✓ (`is_in_progress`, the key to fetch the result) | – (the `409` is the answer) |
+//! | one error type | `is_timeout()`, `is_deadline()`, `attempts()`, `idempotency_key()`, reqwest's error inside | `reqwest_middleware::Error` (reqwest's or the middleware's) |
 //! | streaming bodies replayed | ✓ buffered up to 1 MiB | – (needs a cloneable body) |
 //! | other middleware (auth, tracing, caching) | tower layers, with [`ReqwestService`] | reqwest-middleware's own |
+//! | the same layers on hyper and tonic clients | ✓ (plain tower) | – (reqwest only) |
 //!
 //! The client boxes the stack's future once per request (reqwest boxes its own too), so that
 //! [`Client`] has no type parameters.

@@ -7,6 +7,7 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! // Or RedisStore::connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]).await?
 //! let layer = IdempotencyLayer::with_store(store);
 //! # let _ = layer;
 //! # Ok(())
