@@ -44,7 +44,7 @@ use std::time::Duration;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_once::breaker::{hook::StateChange, CircuitBreakerLayer, CircuitState};
 use tower_once::fallback::http::{FromSecondary, HttpFallbackLayer};
-use tower_once::retry::http::SafeToRetry;
+use tower_once::core::resend::SafeToRetry;
 use tower_once::retry::RetryLayer;
 use tower_once::timeout::http::HttpTimeoutLayer;
 
@@ -190,7 +190,7 @@ async fn main() -> ExitCode {
         }
         eprintln!(
             "circuit {}: {} -> {} ({})",
-            change.circuit, change.from, change.to, change.reason
+            change.circuit, change.from, change.to, change.cause
         );
     });
     let svc = ServiceBuilder::new()

@@ -103,7 +103,7 @@ async fn every_layer_reports_with_stable_names() {
         .oneshot("k1".to_owned())
         .await
         .unwrap_err()
-        .is_open());
+        .is_circuit_open());
 
     // Fallback: a refused connection goes on; a reset (it may have run) is withheld.
     let io = |kind: std::io::ErrorKind| {

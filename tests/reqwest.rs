@@ -161,7 +161,7 @@ async fn the_client_sends_json_and_retries_a_503_with_one_key() {
                 .into_http()
                 .stamp_idempotency_keys(true),
         )
-        .attempt_timeout(Duration::from_secs(2))
+        .attempt_limit(Duration::from_secs(2))
         .build();
     let order = serde_json::json!({ "order_id": "A", "amount": 500 });
     let response = client
@@ -203,7 +203,7 @@ async fn the_clients_error_says_deadline_attempts_and_key() {
                 .into_http()
                 .stamp_idempotency_keys(true),
         )
-        .attempt_timeout(Duration::from_millis(300))
+        .attempt_limit(Duration::from_millis(300))
         .build();
     let order = serde_json::json!({ "order_id": "B", "amount": 900 });
     let err = client
@@ -212,7 +212,7 @@ async fn the_clients_error_says_deadline_attempts_and_key() {
         .send()
         .await
         .unwrap_err();
-    assert!(err.is_deadline() && err.is_timeout(), "{err}");
+    assert!(err.is_deadline() && err.is_elapsed(), "{err}");
     assert!(err.may_have_executed(), "{err}");
     assert!(err.attempts() >= 2, "{err}");
     let key = err.idempotency_key().unwrap().to_owned();
@@ -260,7 +260,7 @@ fn quick() -> tower_once::retry::backoff::Backoff {
     .unwrap()
 }
 
-/// As `retry::reqwest` docs and `http::SafeToRetry` say: through `retry::reqwest::Client`, an
+/// As `retry::reqwest` docs and `core::resend::SafeToRetry` say: through `retry::reqwest::Client`, an
 /// unkeyed `POST` or `PATCH` is sent once (its `503` is the answer); a `safe_to_retry()` one is
 /// retried and carries no key even with key stamping on; a stamped or keyed one is retried with one
 /// key on every attempt; a `PUT` is retried without a key.

@@ -52,7 +52,7 @@ pub(crate) struct Settings {
     /// Probes a half-open circuit admits at once; that many successes close it.
     pub(crate) probes: u32,
     /// The longest a circuit stays half-open without a decision before it opens again.
-    pub(crate) max_half_open: Duration,
+    pub(crate) max_half_open_wait: Duration,
     /// Successful calls slower than this count as failures.
     pub(crate) slow_call: Option<Duration>,
     /// Count every attempt of a retried operation, not only its first.
@@ -83,7 +83,7 @@ impl Default for Settings {
             },
             breaks: default_breaks(),
             probes: 1,
-            max_half_open: Duration::from_secs(60),
+            max_half_open_wait: Duration::from_secs(60),
             slow_call: None,
             every_attempt: false,
             max_circuits: 1024,
@@ -112,7 +112,7 @@ impl fmt::Debug for Settings {
             .field("trip", &self.trip)
             .field("breaks", &self.breaks)
             .field("probes", &self.probes)
-            .field("max_half_open", &self.max_half_open)
+            .field("max_half_open_wait", &self.max_half_open_wait)
             .field("slow_call", &self.slow_call)
             .field("every_attempt", &self.every_attempt)
             .field("max_circuits", &self.max_circuits)

@@ -104,17 +104,17 @@ impl Unsent for CircuitOpen {
 }
 
 /// The error of a [`CircuitBreaker`](crate::CircuitBreaker)-wrapped service: the circuit
-/// refused the call ([`is_open`](Self::is_open)), or the inner service failed with its own,
+/// refused the call ([`is_circuit_open`](Self::is_circuit_open)), or the inner service failed with its own,
 /// typed, error.
 ///
 /// ```
 /// use tower_once_breaker::{BreakerError, CircuitOpen, CircuitState};
 ///
 /// let inner: BreakerError<std::io::Error> = BreakerError::inner(std::io::Error::other("reset"));
-/// assert!(!inner.is_open() && inner.get_inner().is_some());
+/// assert!(!inner.is_circuit_open() && inner.get_inner().is_some());
 ///
 /// let refused: BreakerError<std::io::Error> = CircuitOpen::new("db", CircuitState::Isolated, None).into();
-/// assert!(refused.is_open() && refused.retry_after().is_none());
+/// assert!(refused.is_circuit_open() && refused.circuit_retry_after().is_none());
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct BreakerError<E> {
@@ -136,7 +136,7 @@ impl<E> BreakerError<E> {
     }
 
     /// Whether the circuit refused the call (which was then never sent).
-    pub const fn is_open(&self) -> bool {
+    pub const fn is_circuit_open(&self) -> bool {
         matches!(self.kind, Kind::Open(_))
     }
 
@@ -149,7 +149,7 @@ impl<E> BreakerError<E> {
     }
 
     /// How long until the refusing circuit admits a probe, when it refused and knows.
-    pub const fn retry_after(&self) -> Option<Duration> {
+    pub const fn circuit_retry_after(&self) -> Option<Duration> {
         match &self.kind {
             Kind::Open(open) => open.retry_after(),
             Kind::Inner(_) => None,

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Why a circuit changed state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Reason {
+pub enum Cause {
     /// Failures (or slow calls) reached the threshold while it was closed.
     Failures,
     /// The break was over: the next call is a probe.
@@ -23,7 +23,7 @@ pub enum Reason {
     Manual,
 }
 
-impl Reason {
+impl Cause {
     /// A stable lowercase name: `failures`, `break_over`, `probes_succeeded`, `probe_failed`,
     /// `half_open_timeout`, `manual`.
     pub const fn as_str(self) -> &'static str {
@@ -38,7 +38,7 @@ impl Reason {
     }
 }
 
-impl std::fmt::Display for Reason {
+impl std::fmt::Display for Cause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -55,7 +55,7 @@ pub struct StateChange<'a> {
     /// The state it entered.
     pub to: CircuitState,
     /// Why.
-    pub reason: Reason,
+    pub cause: Cause,
     /// When it opened: how long until it admits a probe.
     pub open_for: Option<Duration>,
 }

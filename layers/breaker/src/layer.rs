@@ -165,12 +165,12 @@ impl<K, C> CircuitBreakerLayer<K, C> {
     /// # Panics
     ///
     /// If `wait` is zero.
-    pub fn max_half_open(self, wait: Duration) -> Self {
+    pub fn max_half_open_wait(self, wait: Duration) -> Self {
         assert!(
             !wait.is_zero(),
-            "CircuitBreakerLayer::max_half_open must not be zero"
+            "CircuitBreakerLayer::max_half_open_wait must not be zero"
         );
-        self.set(|s| s.max_half_open = wait)
+        self.set(|s| s.max_half_open_wait = wait)
     }
 
     /// Successful calls that took `threshold` or longer count as failures: a dependency that
@@ -223,7 +223,7 @@ impl<K, C> CircuitBreakerLayer<K, C> {
     /// use tower_once_breaker::{hook::StateChange, CircuitBreakerLayer};
     ///
     /// let layer = CircuitBreakerLayer::new().on_state_change(|change: &StateChange<'_>| {
-    ///     eprintln!("{:?}: {} -> {} ({})", change.circuit, change.from, change.to, change.reason);
+    ///     eprintln!("{:?}: {} -> {} ({})", change.circuit, change.from, change.to, change.cause);
     /// });
     /// # let _ = layer;
     /// ```

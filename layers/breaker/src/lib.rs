@@ -4,7 +4,7 @@
 //! A dependency that is down turns every call into a slow failure and every retry into more
 //! load on it; a worker pool saturates retrying work that cannot succeed. [`CircuitBreakerLayer`]
 //! watches the outcomes of the calls it lets through and, once too many fail, **opens**: calls
-//! are refused at once, without being sent, with a typed error ([`BreakerError::is_open`]) that
+//! are refused at once, without being sent, with a typed error ([`BreakerError::is_circuit_open`]) that
 //! says how long until the circuit admits a probe ([`CircuitOpen::retry_after`]). After the
 //! break it is **half-open**: a bounded number of probes go through; their success closes it,
 //! a failure opens it again for a longer break.
@@ -40,11 +40,11 @@
 //!     .service_fn(|_: &'static str| async { Err::<(), _>("connection reset") });
 //! for _ in 0..3 {
 //!     let err = svc.ready().await.unwrap().call("charge").await.unwrap_err();
-//!     assert!(!err.is_open(), "sent, and failed");
+//!     assert!(!err.is_circuit_open(), "sent, and failed");
 //! }
 //! let err = svc.ready().await.unwrap().call("charge").await.unwrap_err();
-//! assert!(err.is_open(), "refused without being sent");
-//! assert!(err.retry_after().unwrap() <= Duration::from_secs(5));
+//! assert!(err.is_circuit_open(), "refused without being sent");
+//! assert!(err.circuit_retry_after().unwrap() <= Duration::from_secs(5));
 //! # }
 //! ```
 //!
@@ -54,7 +54,7 @@
 //! |---|---|---|
 //! | closed | goes through; its outcome is counted | open, when the trip condition holds after a failure |
 //! | open | refused: [`CircuitOpen`] with the time left in the break | half-open, when the first call after the break arrives (it is the first probe) |
-//! | half-open | goes through as a probe while fewer than [`half_open_probes`](CircuitBreakerLayer::half_open_probes) are in flight; otherwise refused | closed when that many probes succeeded; open (a longer break) when one fails, or when no decision came within [`max_half_open`](CircuitBreakerLayer::max_half_open) |
+//! | half-open | goes through as a probe while fewer than [`half_open_probes`](CircuitBreakerLayer::half_open_probes) are in flight; otherwise refused | closed when that many probes succeeded; open (a longer break) when one fails, or when no decision came within [`max_half_open_wait`](CircuitBreakerLayer::max_half_open_wait) |
 //! | isolated (by hand) | refused | closed, by hand |
 //!
 //! | the outcome classifies as | in the closed state | for a probe |
@@ -128,7 +128,7 @@
 //! Its count window is a running count since the last transition, and its time window keeps
 //! one record per call; its half-open probes have no time limit (a hung probe keeps it
 //! half-open). Here the window slides in buckets, a half-open circuit decides within
-//! [`max_half_open`](CircuitBreakerLayer::max_half_open), breaks back off, circuits can be
+//! [`max_half_open_wait`](CircuitBreakerLayer::max_half_open_wait), breaks back off, circuits can be
 //! keyed, and the retry layer, fallback and worker understand a refusal.
 //!
 //! # Feature flags

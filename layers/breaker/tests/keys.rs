@@ -104,7 +104,7 @@ async fn a_stream_of_hostile_keys_stays_within_the_bound_and_never_resets_an_ope
         .oneshot("sick".to_owned())
         .await
         .unwrap_err()
-        .is_open());
+        .is_circuit_open());
     // 10 000 distinct keys, each used once.
     dep.set(Health::Up);
     for i in 0..10_000 {
@@ -120,7 +120,7 @@ async fn a_stream_of_hostile_keys_stays_within_the_bound_and_never_resets_an_ope
     // The sick one was never evicted: it is still open and still refuses.
     assert_eq!(circuits.find("sick").unwrap().state(), CircuitState::Open);
     let refused = svc.clone().oneshot("sick".to_owned()).await.unwrap_err();
-    assert!(refused.is_open());
+    assert!(refused.is_circuit_open());
     assert_eq!(dep.calls(), 1 + 10_000);
 }
 
@@ -168,9 +168,9 @@ async fn requests_without_a_key_share_the_default_circuit() {
     let svc = layer.layer(dep.service());
     svc.clone().oneshot(1).await.unwrap_err();
     svc.clone().oneshot(2).await.unwrap_err();
-    assert!(svc.clone().oneshot(3).await.unwrap_err().is_open());
+    assert!(svc.clone().oneshot(3).await.unwrap_err().is_circuit_open());
     assert_eq!(circuits.circuit("").state(), CircuitState::Open);
-    assert!(!svc.clone().oneshot(101).await.unwrap_err().is_open());
+    assert!(!svc.clone().oneshot(101).await.unwrap_err().is_circuit_open());
 }
 
 /// "A stream of hostile keys cannot ... reset a sick endpoint's breaker": a sick endpoint's
@@ -192,7 +192,7 @@ async fn a_circuit_with_failing_calls_under_way_is_not_reset_by_a_new_key() {
     let a2 = svc.ready().await.unwrap().call("sick".to_owned());
     let hostile = svc.ready().await.unwrap().call("hostile-1".to_owned());
     let (a1, a2, _) = tokio::join!(a1, a2, hostile);
-    assert!(!a1.unwrap_err().is_open() && !a2.unwrap_err().is_open());
+    assert!(!a1.unwrap_err().is_circuit_open() && !a2.unwrap_err().is_circuit_open());
     assert_eq!(dep.calls(), 3);
     // Two failures in a row on "sick": its circuit must be open.
     let third = svc.ready().await.unwrap().call("sick".to_owned()).await;
@@ -224,7 +224,7 @@ async fn a_key_named_like_the_overflow_circuit_is_found_as_itself() {
         .oneshot("(overflow)".to_owned())
         .await
         .unwrap_err()
-        .is_open());
+        .is_circuit_open());
     let names: Vec<_> = circuits.all().iter().map(|c| c.key().to_owned()).collect();
     assert_eq!(
         circuits.find("(overflow)").unwrap().state(),

@@ -70,7 +70,7 @@ async fn trial(probes: u32) {
                 match svc.oneshot(i as u32).await {
                     Ok(_) => true,
                     Err(e) => {
-                        assert!(e.is_open(), "{e}");
+                        assert!(e.is_circuit_open(), "{e}");
                         refused.fetch_add(1, SeqCst);
                         false
                     }

@@ -93,7 +93,7 @@ async fn without_the_gate_an_open_circuit_is_ready_and_refuses_at_call() {
         .call(2)
         .await
         .unwrap_err();
-    assert!(err.is_open());
+    assert!(err.is_circuit_open());
     assert_eq!(dep.calls(), 1);
 }
 
@@ -116,14 +116,14 @@ async fn readiness_from_a_closed_period_does_not_pass_an_open_circuit() {
 }
 
 /// "A half-open circuit admits exactly `half_open_probes` calls": a probe reserved at
-/// `poll_ready` and held past `max_half_open` outlives its half-open period. The circuit
+/// `poll_ready` and held past `max_half_open_wait` outlives its half-open period. The circuit
 /// reopens, half-opens again and reserves a new probe for another service: both go,
 /// concurrently, with `half_open_probes(1)`.
 #[tokio::test(start_paused = true)]
 async fn a_probe_reserved_past_max_half_open_is_not_a_second_probe() {
     let dep = Dependency::default();
     dep.set(Health::Down);
-    let layer = gated().max_half_open(Duration::from_secs(10));
+    let layer = gated().max_half_open_wait(Duration::from_secs(10));
     let circuit = layer.circuits().circuit("");
     let mut held = layer.layer(dep.service());
     held.ready().await.unwrap().call(1).await.unwrap_err();
@@ -205,7 +205,7 @@ async fn an_isolated_circuit_never_holds_a_caller_past_its_deadline() {
         took <= Duration::from_millis(200),
         "held {took:?} with a 200 ms deadline in scope"
     );
-    assert!(svc.call(1).await.unwrap_err().is_open());
+    assert!(svc.call(1).await.unwrap_err().is_circuit_open());
     assert_eq!(dep.calls(), 0);
 }
 

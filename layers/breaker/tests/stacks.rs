@@ -130,7 +130,7 @@ async fn the_retry_gives_up_at_once_when_the_probe_is_past_its_deadline() {
     assert_eq!(err.reason(), GiveUp::CircuitOpen);
     assert!(err.is_circuit_open());
     assert_eq!((err.attempts(), err.refusals()), (1, 1));
-    assert!(err.get_inner().unwrap().is_open(), "the breaker is named");
+    assert!(err.get_inner().unwrap().is_circuit_open(), "the breaker is named");
     assert!(err.is_unsent(), "nothing was sent");
     assert!(err.to_string().contains("circuit_open"), "{err}");
     assert_eq!(dep.calls(), 1);
@@ -227,7 +227,7 @@ async fn outside_a_retry_it_counts_each_operations_final_outcome() {
     assert_eq!(circuit.state(), CircuitState::Open);
     assert_eq!(dep.calls(), 6);
     let err = svc.clone().oneshot(1).await.unwrap_err();
-    assert!(err.is_open());
+    assert!(err.is_circuit_open());
     assert_eq!(dep.calls(), 6);
 }
 

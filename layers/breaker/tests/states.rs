@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{Dependency, Health};
 use tower::{Layer, Service, ServiceExt};
-use tower_once_breaker::hook::{Reason, StateChange};
+use tower_once_breaker::hook::{Cause, StateChange};
 use tower_once_breaker::{BreakerError, CircuitBreakerLayer, CircuitState};
 use tower_once_core::backoff::{Backoff, Jitter};
 
@@ -38,11 +38,11 @@ async fn failures_in_a_row_open_it_and_it_refuses_without_sending() {
         .break_duration(fixed(5));
     let mut svc = layer.layer(dep.service());
     for _ in 0..3 {
-        assert!(!call(&mut svc).await.unwrap_err().is_open());
+        assert!(!call(&mut svc).await.unwrap_err().is_circuit_open());
     }
     assert_eq!(dep.calls(), 3);
     let refused = call(&mut svc).await.unwrap_err();
-    assert!(refused.is_open());
+    assert!(refused.is_circuit_open());
     assert_eq!(refused.retry_after(), Some(Duration::from_secs(5)));
     assert_eq!(
         refused.to_string(),
@@ -79,7 +79,7 @@ async fn the_ratio_needs_its_minimum_throughput_and_counts_only_the_window() {
     // 9 failures: all of them failed, but fewer calls than the minimum.
     dep.set(Health::Down);
     for _ in 0..9 {
-        assert!(!call(&mut svc).await.unwrap_err().is_open());
+        assert!(!call(&mut svc).await.unwrap_err().is_circuit_open());
     }
     // They age out of the window; then 6 successes and 5 failures: 5/11 < 0.5.
     tokio::time::advance(Duration::from_secs(11)).await;
@@ -89,13 +89,13 @@ async fn the_ratio_needs_its_minimum_throughput_and_counts_only_the_window() {
     }
     dep.set(Health::Down);
     for _ in 0..5 {
-        assert!(!call(&mut svc).await.unwrap_err().is_open());
+        assert!(!call(&mut svc).await.unwrap_err().is_circuit_open());
     }
     assert_eq!(layer.circuits().circuit("").state(), CircuitState::Closed);
     // The sixth failure: 6/12.
-    assert!(!call(&mut svc).await.unwrap_err().is_open());
+    assert!(!call(&mut svc).await.unwrap_err().is_circuit_open());
     assert_eq!(layer.circuits().circuit("").state(), CircuitState::Open);
-    assert!(call(&mut svc).await.unwrap_err().is_open());
+    assert!(call(&mut svc).await.unwrap_err().is_circuit_open());
     assert_eq!(dep.calls(), 21);
 }
 
@@ -105,7 +105,7 @@ async fn the_default_opens_within_tens_of_failed_calls() {
     dep.set(Health::Down);
     let mut svc = CircuitBreakerLayer::new().layer(dep.service());
     let mut sent = 0;
-    while !call(&mut svc).await.unwrap_err().is_open() {
+    while !call(&mut svc).await.unwrap_err().is_circuit_open() {
         sent += 1;
         assert!(sent < 100, "never opened");
     }
@@ -131,11 +131,11 @@ async fn a_probe_after_the_break_closes_it_and_a_failed_probe_doubles_the_break(
     let mut breaks_seen = Vec::new();
     let start = tokio::time::Instant::now();
     for _ in 0..4 {
-        let wait = call(&mut svc).await.unwrap_err().retry_after().unwrap();
+        let wait = call(&mut svc).await.unwrap_err().circuit_retry_after().unwrap();
         breaks_seen.push(wait.as_secs());
         tokio::time::advance(wait).await;
         // The probe: sent, fails, opens it again.
-        assert!(!call(&mut svc).await.unwrap_err().is_open());
+        assert!(!call(&mut svc).await.unwrap_err().is_circuit_open());
         probe_times.push(start.elapsed().as_secs());
     }
     assert_eq!(breaks_seen, [4, 8, 10, 10], "doubling, capped");
@@ -148,7 +148,7 @@ async fn a_probe_after_the_break_closes_it_and_a_failed_probe_doubles_the_break(
     dep.set(Health::Down);
     call(&mut svc).await.unwrap_err();
     assert_eq!(
-        call(&mut svc).await.unwrap_err().retry_after(),
+        call(&mut svc).await.unwrap_err().circuit_retry_after(),
         Some(Duration::from_secs(4))
     );
 }
@@ -175,9 +175,9 @@ async fn half_open_admits_only_its_probes_and_needs_each_to_succeed() {
     tokio::task::yield_now().await;
     assert_eq!(circuit.state(), CircuitState::HalfOpen);
     let third = svc.clone().oneshot(3).await.unwrap_err();
-    assert!(third.is_open());
+    assert!(third.is_circuit_open());
     assert_eq!(third.open().unwrap().state(), CircuitState::HalfOpen);
-    assert_eq!(third.retry_after(), None, "a probe decides when");
+    assert_eq!(third.circuit_retry_after(), None, "a probe decides when");
     assert_eq!(first.await.unwrap().unwrap(), "ok");
     assert_eq!(
         circuit.state(),
@@ -203,7 +203,7 @@ async fn a_dropped_probe_gives_its_place_back() {
     dep.set(Health::Hangs);
     let probe = tokio::spawn(svc.clone().oneshot(1));
     tokio::task::yield_now().await;
-    assert!(svc.clone().oneshot(2).await.unwrap_err().is_open());
+    assert!(svc.clone().oneshot(2).await.unwrap_err().is_circuit_open());
     probe.abort();
     let _ = probe.await;
     assert_eq!(circuit.state(), CircuitState::HalfOpen);
@@ -224,7 +224,7 @@ async fn a_hung_probe_cannot_keep_it_half_open() {
     let layer = CircuitBreakerLayer::new()
         .consecutive_failures(1)
         .break_duration(fixed(1))
-        .max_half_open(Duration::from_secs(10));
+        .max_half_open_wait(Duration::from_secs(10));
     let circuit = layer.circuits().circuit("");
     let svc = layer.layer(dep.service());
     svc.clone().oneshot(1).await.unwrap_err();
@@ -234,7 +234,7 @@ async fn a_hung_probe_cannot_keep_it_half_open() {
     tokio::task::yield_now().await;
     tokio::time::advance(Duration::from_secs(9)).await;
     assert_eq!(circuit.state(), CircuitState::HalfOpen);
-    assert!(svc.clone().oneshot(2).await.unwrap_err().is_open());
+    assert!(svc.clone().oneshot(2).await.unwrap_err().is_circuit_open());
     tokio::time::advance(Duration::from_secs(1)).await;
     // The longest wait is over: the next call opens it again (a failed probe), then after
     // the break a new probe goes.
@@ -262,7 +262,7 @@ async fn slow_successes_count_as_failures() {
     let svc = layer.layer(dep.service());
     assert_eq!(svc.clone().oneshot(1).await.unwrap(), "ok");
     assert_eq!(svc.clone().oneshot(2).await.unwrap(), "ok");
-    assert!(svc.clone().oneshot(3).await.unwrap_err().is_open());
+    assert!(svc.clone().oneshot(3).await.unwrap_err().is_circuit_open());
     assert_eq!(dep.calls(), 2);
 }
 
@@ -283,7 +283,7 @@ async fn the_callers_own_faults_count_as_neither() {
         }));
     for _ in 0..10 {
         let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
-        assert!(!err.is_open());
+        assert!(!err.is_circuit_open());
     }
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 10);
 }
@@ -307,7 +307,7 @@ async fn calls_let_through_before_a_transition_do_not_count_after_it() {
     circuit.isolate();
     circuit.reset();
     for call in slow {
-        assert!(!call.await.unwrap().unwrap_err().is_open());
+        assert!(!call.await.unwrap().unwrap_err().is_circuit_open());
     }
     assert_eq!(
         circuit.state(),
@@ -334,7 +334,7 @@ async fn isolate_close_and_reset_by_hand() {
     assert_eq!(refused.retry_after(), None);
     tokio::time::advance(Duration::from_secs(3600)).await;
     assert!(
-        svc.clone().oneshot(1).await.unwrap_err().is_open(),
+        svc.clone().oneshot(1).await.unwrap_err().is_circuit_open(),
         "until closed by hand"
     );
     circuit.close();
@@ -372,7 +372,7 @@ async fn the_hook_sees_every_transition_with_its_reason() {
         .on_state_change(move |c: &StateChange<'_>| {
             log.lock()
                 .unwrap()
-                .push((c.from, c.to, c.reason, c.open_for));
+                .push((c.from, c.to, c.cause, c.open_for));
         });
     let svc = layer.layer(dep.service());
     svc.clone().oneshot(1).await.unwrap_err();
@@ -387,12 +387,12 @@ async fn the_hook_sees_every_transition_with_its_reason() {
     assert_eq!(
         *seen.lock().unwrap(),
         [
-            (Closed, Open, Reason::Failures, one),
-            (Open, HalfOpen, Reason::BreakOver, None),
-            (HalfOpen, Open, Reason::ProbeFailed, one),
-            (Open, HalfOpen, Reason::BreakOver, None),
-            (HalfOpen, Closed, Reason::ProbesSucceeded, None),
-            (Closed, Isolated, Reason::Manual, None),
+            (Closed, Open, Cause::Failures, one),
+            (Open, HalfOpen, Cause::BreakOver, None),
+            (HalfOpen, Open, Cause::ProbeFailed, one),
+            (Open, HalfOpen, Cause::BreakOver, None),
+            (HalfOpen, Closed, Cause::ProbesSucceeded, None),
+            (Closed, Isolated, Cause::Manual, None),
         ]
     );
 }
@@ -406,9 +406,9 @@ async fn clones_of_the_layer_and_its_services_share_circuits_and_a_new_setting_s
     let b = layer.clone().layer(dep.service());
     a.oneshot(1).await.unwrap_err();
     b.clone().oneshot(1).await.unwrap_err();
-    assert!(b.oneshot(1).await.unwrap_err().is_open());
+    assert!(b.oneshot(1).await.unwrap_err().is_circuit_open());
     let fresh = layer.consecutive_failures(5).layer(dep.service());
-    assert!(!fresh.oneshot(1).await.unwrap_err().is_open());
+    assert!(!fresh.oneshot(1).await.unwrap_err().is_circuit_open());
 }
 
 #[test]

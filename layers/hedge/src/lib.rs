@@ -106,6 +106,9 @@ mod layer;
 mod metrics;
 mod service;
 
-pub use self::future::{Cloned, Copies, ResponseFuture};
+pub use self::future::ResponseFuture;
+// NOTE: named by the futures' types only: not part of the stable API.
+#[doc(hidden)]
+pub use self::future::{Cloned, Copies};
 pub use self::layer::HedgeLayer;
 pub use self::service::Hedge;

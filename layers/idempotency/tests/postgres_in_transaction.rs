@@ -25,39 +25,9 @@ use tower_once_test_support::postgres::{database_url, Schema};
 
 mod support;
 
-struct Fixture {
-    schema: Schema,
-    store: PostgresStore,
-}
+use support::ChargesDb as Fixture;
 
 impl Fixture {
-    async fn new() -> Self {
-        let schema = Schema::create();
-        let store = support::postgres_store(&schema).await;
-        sqlx::query(&format!(
-            "CREATE TABLE {}.charges (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
-            schema.name
-        ))
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Self { schema, store }
-    }
-
-    fn pool(&self) -> &PgPool {
-        self.store.pool()
-    }
-
-    async fn charges(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.charges",
-            self.schema.name
-        ))
-        .fetch_one(self.pool())
-        .await
-        .unwrap()
-    }
-
     async fn record_state(&self) -> Vec<String> {
         sqlx::query_scalar(&format!("SELECT state FROM {}.idem", self.schema.name))
             .fetch_all(self.pool())

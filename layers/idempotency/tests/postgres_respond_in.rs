@@ -183,40 +183,9 @@ async fn handle(
     Ok(response)
 }
 
-struct Fixture {
-    schema: Schema,
-    store: PostgresStore,
-}
+use support::ChargesDb as Fixture;
 
 impl Fixture {
-    async fn new() -> Self {
-        let schema = Schema::create();
-        let store = support::postgres_store(&schema).await;
-        sqlx::query(&format!(
-            "CREATE TABLE {}.charges (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
-            schema.name
-        ))
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Self { schema, store }
-    }
-
-    fn pool(&self) -> &PgPool {
-        self.store.pool()
-    }
-
-    /// How many charges committed.
-    async fn charges(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.charges",
-            self.schema.name
-        ))
-        .fetch_one(self.pool())
-        .await
-        .unwrap()
-    }
-
     fn app<P>(&self, lease: Duration, predicate: P, plans: Vec<Plan>) -> (Router, App)
     where
         P: StorePredicate + Clone + Send + Sync + 'static,

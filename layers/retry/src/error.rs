@@ -94,6 +94,10 @@ pub struct RetryError<E> {
 impl<E> RetryError<E> {
     /// The error of an operation that stopped for `reason` after `attempts`, the last of
     /// which failed with `inner`.
+    ///
+    /// The constructors and `with_*` methods are the layers' own (and tests'): not part of the
+    /// stable API.
+    #[doc(hidden)]
     pub const fn new(reason: GiveUp, attempts: u32, inner: E) -> Self {
         Self {
             reason,
@@ -112,6 +116,7 @@ impl<E> RetryError<E> {
     /// The error of an operation whose deadline passed while attempt number `attempts` was
     /// still running (or waiting for the service to be ready); `0` when it passed before the
     /// first attempt.
+    #[doc(hidden)]
     pub const fn deadline(attempts: u32) -> Self {
         Self {
             reason: GiveUp::Deadline,
@@ -129,6 +134,7 @@ impl<E> RetryError<E> {
 
     /// The error of an operation that stopped for `reason` after `attempts` while the server
     /// said it was still running it.
+    #[doc(hidden)]
     pub const fn in_progress(reason: GiveUp, attempts: u32) -> Self {
         Self {
             reason,
@@ -145,6 +151,7 @@ impl<E> RetryError<E> {
     }
 
     /// The same error, saying the operation took `elapsed`.
+    #[doc(hidden)]
     pub const fn with_elapsed(mut self, elapsed: Duration) -> Self {
         self.elapsed = elapsed;
         self
@@ -152,6 +159,7 @@ impl<E> RetryError<E> {
 
     /// The same error, saying the last attempt failed at the deadline (an inner timeout cut
     /// it) after it was sent: it may still complete.
+    #[doc(hidden)]
     pub const fn cut_at_deadline(mut self) -> Self {
         self.cut = true;
         self
@@ -172,6 +180,7 @@ impl<E> RetryError<E> {
     }
 
     /// The same error, carrying the idempotency key every attempt was sent with.
+    #[doc(hidden)]
     pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self

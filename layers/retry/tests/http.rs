@@ -223,7 +223,7 @@ async fn each_attempt_carries_the_operation_deadline() {
 /// retried, and no key is sent, not even with stamping on.
 #[tokio::test(start_paused = true)]
 async fn a_post_marked_safe_to_retry_is_retried_without_a_key() {
-    use tower_once_retry::http::SafeToRetry;
+    use tower_once_core::resend::SafeToRetry;
     let seen = Seen::default();
     let svc = layer()
         .stamp_idempotency_keys(true)

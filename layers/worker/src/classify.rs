@@ -129,7 +129,7 @@ impl<E: Permanence> Permanence for BreakerError<E> {
     fn redelivery_delay(&self) -> Option<Duration> {
         match self.get_inner() {
             Some(inner) => inner.redelivery_delay(),
-            None => self.retry_after(),
+            None => self.circuit_retry_after(),
         }
     }
 }

@@ -175,7 +175,7 @@ impl WorkerError {
     }
 
     /// A Redis command did not answer within the command timeout.
-    pub fn is_timeout(&self) -> bool {
+    pub fn is_elapsed(&self) -> bool {
         self.kind == Kind::Timeout
     }
 

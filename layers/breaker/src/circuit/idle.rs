@@ -26,7 +26,7 @@ impl Circuit {
                     .shared
                     .half_open_since
                     .load(Acquire)
-                    .saturating_add(nanos(self.shared.policy.max_half_open));
+                    .saturating_add(nanos(self.shared.policy.max_half_open_wait));
                 Some(Duration::from_nanos(ends.saturating_sub(now)))
             }
         }

@@ -13,7 +13,7 @@ pub(crate) mod word;
 use self::window::Window;
 use self::word::Word;
 use crate::config::{Policy, Trip};
-use crate::hook::Reason;
+use crate::hook::Cause;
 use crate::CircuitState;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -160,7 +160,7 @@ impl Circuit {
                     // The break is over: this call moves the circuit to half-open and is its
                     // first probe.
                     if let Some(next) =
-                        self.transition(word, CircuitState::HalfOpen, Reason::BreakOver, now)
+                        self.transition(word, CircuitState::HalfOpen, Cause::BreakOver, now)
                     {
                         return Ok(Admitted::Probe {
                             generation: next.generation(),
@@ -169,11 +169,11 @@ impl Circuit {
                 }
                 CircuitState::HalfOpen => {
                     let since = shared.half_open_since.load(Acquire);
-                    let limit = nanos(shared.policy.max_half_open);
+                    let limit = nanos(shared.policy.max_half_open_wait);
                     if now.saturating_sub(since) >= limit {
                         // NOTE: half-open can never get stuck: probes that hang (or a circuit
                         // nobody calls) open it again after the longest wait.
-                        self.transition(word, CircuitState::Open, Reason::HalfOpenTimeout, now);
+                        self.transition(word, CircuitState::Open, Cause::HalfOpenTimeout, now);
                     } else if word.probes() + word.successes() < shared.policy.probes {
                         let next = word.with_counts(word.probes() + 1, word.successes());
                         if shared
@@ -251,14 +251,14 @@ impl Circuit {
                     if sums.total >= u64::from(min_throughput)
                         && sums.failures as f64 >= ratio * sums.total as f64
                     {
-                        self.transition(word, CircuitState::Open, Reason::Failures, now);
+                        self.transition(word, CircuitState::Open, Cause::Failures, now);
                     }
                 }
             }
             (Trip::Consecutive(n), _) => {
                 if failure {
                     if shared.consecutive.fetch_add(1, AcqRel).saturating_add(1) >= n {
-                        self.transition(word, CircuitState::Open, Reason::Failures, self.now());
+                        self.transition(word, CircuitState::Open, Cause::Failures, self.now());
                     }
                 } else if shared.consecutive.load(Relaxed) != 0 {
                     // Written only when there is something to reset: a success in a healthy
@@ -280,14 +280,14 @@ impl Circuit {
             let probes = word.probes().saturating_sub(1);
             let next = match outcome {
                 Outcome::Failure => {
-                    self.transition(word, CircuitState::Open, Reason::ProbeFailed, self.now());
+                    self.transition(word, CircuitState::Open, Cause::ProbeFailed, self.now());
                     return;
                 }
                 Outcome::Success if word.successes() + 1 >= shared.policy.probes => {
                     self.transition(
                         word,
                         CircuitState::Closed,
-                        Reason::ProbesSucceeded,
+                        Cause::ProbesSucceeded,
                         self.now(),
                     );
                     return;

@@ -210,7 +210,7 @@ fn circuit() -> Circuit {
             .unwrap()
             .jitter(Jitter::None),
         probes: PROBES,
-        max_half_open: Duration::from_secs(MAX_HALF_OPEN_S),
+        max_half_open_wait: Duration::from_secs(MAX_HALF_OPEN_S),
         ..Settings::default()
     };
     Circuit::new(Arc::from("model"), Arc::new(settings.policy()))

@@ -4,7 +4,7 @@
 
 use super::word::Word;
 use super::{nanos, Circuit};
-use crate::hook::{Reason, StateChange};
+use crate::hook::{Cause, StateChange};
 use crate::CircuitState;
 use std::sync::atomic::Ordering::*;
 use std::sync::PoisonError;
@@ -17,7 +17,7 @@ impl Circuit {
         &self,
         from: Word,
         to: CircuitState,
-        reason: Reason,
+        reason: Cause,
         now: u64,
     ) -> Option<Word> {
         let shared = &self.shared;
@@ -46,7 +46,7 @@ impl Circuit {
                 if let Some(window) = &shared.window {
                     window.reset(window.epoch(now));
                 }
-                if reason == Reason::ProbesSucceeded {
+                if reason == Cause::ProbesSucceeded {
                     shared.trips.store(0, Relaxed);
                 }
             }
@@ -91,7 +91,7 @@ impl Circuit {
         &self,
         from: CircuitState,
         to: CircuitState,
-        reason: Reason,
+        reason: Cause,
         open_for: Option<Duration>,
     ) {
         let circuit = &*self.shared.name;
@@ -118,7 +118,7 @@ impl Circuit {
                 circuit,
                 from,
                 to,
-                reason,
+                cause: reason,
                 open_for,
             });
         }
@@ -130,7 +130,7 @@ impl Circuit {
             let word = self.word();
             if word.state() == CircuitState::Isolated
                 || self
-                    .transition(word, CircuitState::Isolated, Reason::Manual, self.now())
+                    .transition(word, CircuitState::Isolated, Cause::Manual, self.now())
                     .is_some()
             {
                 return;
@@ -165,7 +165,7 @@ impl Circuit {
                 break;
             }
             if self
-                .transition(word, CircuitState::Closed, Reason::Manual, self.now())
+                .transition(word, CircuitState::Closed, Cause::Manual, self.now())
                 .is_some()
             {
                 break;

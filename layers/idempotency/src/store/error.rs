@@ -67,7 +67,7 @@ impl StoreError {
     }
 
     /// Whether the store did not answer in time.
-    pub fn is_timeout(&self) -> bool {
+    pub fn is_elapsed(&self) -> bool {
         self.kind == StoreErrorKind::Timeout
     }
 

@@ -203,3 +203,43 @@ pub(crate) async fn postgres_store(
     store.migrate().await.unwrap();
     store
 }
+
+/// A schema of its own with a `PostgresStore` and a `charges` table: what a handler that
+/// charges in its own transaction writes to, and what a test counts.
+#[cfg(feature = "postgres")]
+pub(crate) struct ChargesDb {
+    pub(crate) schema: tower_once_test_support::postgres::Schema,
+    pub(crate) store: tower_once_idempotency::store::postgres::PostgresStore,
+}
+
+#[cfg(feature = "postgres")]
+impl ChargesDb {
+    pub(crate) async fn new() -> Self {
+        use tower_once_idempotency::store::postgres::sqlx;
+        let schema = tower_once_test_support::postgres::Schema::create();
+        let store = postgres_store(&schema).await;
+        sqlx::query(&format!(
+            "CREATE TABLE {}.charges (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
+            schema.name
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Self { schema, store }
+    }
+
+    pub(crate) fn pool(&self) -> &tower_once_idempotency::store::postgres::sqlx::PgPool {
+        self.store.pool()
+    }
+
+    /// How many charges committed.
+    pub(crate) async fn charges(&self) -> i64 {
+        tower_once_idempotency::store::postgres::sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.charges",
+            self.schema.name
+        ))
+        .fetch_one(self.pool())
+        .await
+        .unwrap()
+    }
+}

@@ -12,7 +12,6 @@ use tower_layer::Layer;
 use tower_once_core::shard::PerThread;
 
 /// The `Idempotency-Key` header, checked and stamped by this layer.
-pub use tower_once_core::IDEMPOTENCY_KEY;
 
 /// The HTTP retry layer. See the [module docs](crate::http).
 #[derive(Clone)]

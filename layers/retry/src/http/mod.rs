@@ -9,7 +9,7 @@
 //!
 //! - **retries only safe requests**: idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`,
 //!   `DELETE`, `TRACE`), requests carrying an `Idempotency-Key`, and requests marked
-//!   [`SafeToRetry`] (no key is sent to a provider that would ignore it). Other requests get
+//!   [`SafeToRetry`](tower_once_core::resend::SafeToRetry) (no key is sent to a provider that would ignore it). Other requests get
 //!   one attempt. With [`stamp_idempotency_keys`](HttpRetryLayer::stamp_idempotency_keys), an
 //!   unkeyed `POST` or `PATCH` gets a fresh UUID key, the same on every attempt, and becomes
 //!   retryable — the server's idempotency layer then runs it once;
@@ -41,8 +41,8 @@ mod replay;
 mod service;
 
 pub use self::future::ResponseFuture;
-pub use self::layer::{HttpRetryLayer, IDEMPOTENCY_KEY};
-pub use self::service::{HttpRetry, SafeToRetry};
+pub use self::layer::HttpRetryLayer;
+pub use self::service::HttpRetry;
 /// The request body the inner service receives: the bytes read (sent again as often as
 /// needed), or the original body for a request sent once.
 pub use tower_once_core::body::BufferedBody;

@@ -28,7 +28,7 @@ use tower_once_timeout::http::HttpTimeoutLayer;
 ///
 /// let client = Client::builder(reqwest::Client::new())
 ///     .retry(RetryLayer::new().deadline(Duration::from_secs(10)).into_http().stamp_idempotency_keys(true))
-///     .attempt_timeout(Duration::from_secs(2))
+///     .attempt_limit(Duration::from_secs(2))
 ///     .build();
 /// let response = client
 ///     .post("http://127.0.0.1:3000/charges")
@@ -57,7 +57,7 @@ impl Client {
         ClientBuilder {
             client,
             retry: HttpRetryLayer::new(),
-            attempt_timeout: Duration::from_secs(10),
+            attempt_limit: Duration::from_secs(10),
         }
     }
 
@@ -126,7 +126,7 @@ impl fmt::Debug for Client {
 pub struct ClientBuilder<C = HttpClassifier, H = ()> {
     client: reqwest::Client,
     retry: HttpRetryLayer<C, H>,
-    attempt_timeout: Duration,
+    attempt_limit: Duration,
 }
 
 impl<C, H> ClientBuilder<C, H> {
@@ -136,13 +136,13 @@ impl<C, H> ClientBuilder<C, H> {
         ClientBuilder {
             client: self.client,
             retry,
-            attempt_timeout: self.attempt_timeout,
+            attempt_limit: self.attempt_limit,
         }
     }
 
     /// The cap on each attempt (the time left before the deadline caps it too). Default 10 s.
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = timeout;
+    pub fn attempt_limit(mut self, timeout: Duration) -> Self {
+        self.attempt_limit = timeout;
         self
     }
 
@@ -160,7 +160,7 @@ impl<C, H> ClientBuilder<C, H> {
             + Sync
             + 'static,
     {
-        let transport = HttpTimeoutLayer::new(self.attempt_timeout)
+        let transport = HttpTimeoutLayer::new(self.attempt_limit)
             .layer(ReqwestService::new(self.client.clone()));
         let stack = self.retry.layer(transport);
         Client {
@@ -174,7 +174,7 @@ impl<C, H> fmt::Debug for ClientBuilder<C, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
             .field("client", &self.client)
-            .field("attempt_timeout", &self.attempt_timeout)
+            .field("attempt_limit", &self.attempt_limit)
             .finish_non_exhaustive()
     }
 }

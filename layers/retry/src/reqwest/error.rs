@@ -51,7 +51,7 @@ impl Error {
     }
 
     /// Whether time ran out: an attempt's timeout, the deadline, or reqwest's own timeout.
-    pub fn is_timeout(&self) -> bool {
+    pub fn is_elapsed(&self) -> bool {
         match &self.kind {
             Kind::Build(_) => false,
             Kind::Stack(e) => {

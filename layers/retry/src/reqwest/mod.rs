@@ -3,7 +3,7 @@
 //!
 //! [`Client`] is one cloneable object, as `reqwest_middleware::ClientWithMiddleware` is: build
 //! requests with reqwest's methods, [`send`](RequestBuilder::send) them, get a
-//! `reqwest::Response` or one [`Error`] that answers `is_timeout()`, `is_deadline()`,
+//! `reqwest::Response` or one [`Error`] that answers `is_elapsed()`, `is_deadline()`,
 //! `attempts()` and holds reqwest's error.
 //!
 //! ```no_run
@@ -14,7 +14,7 @@
 //!
 //! let client = Client::builder(reqwest::Client::new())
 //!     .retry(RetryLayer::new().deadline(Duration::from_secs(10)).into_http().stamp_idempotency_keys(true))
-//!     .attempt_timeout(Duration::from_secs(2))
+//!     .attempt_limit(Duration::from_secs(2))
 //!     .build();
 //!
 //! let charge = client
@@ -68,7 +68,7 @@
 //! | only idempotent, keyed or [`safe_to_retry`](RequestBuilder::safe_to_retry) requests retried | ✓ | – (any request) |
 //! | one `Idempotency-Key` stamped on every attempt | ✓ | – |
 //! | an idempotency server's "in progress" told apart, at the deadline too | ✓ (`is_in_progress`, the key to fetch the result) | – (the `409` is the answer) |
-//! | one error type | `is_timeout()`, `is_deadline()`, `attempts()`, `idempotency_key()`, reqwest's error inside | `reqwest_middleware::Error` (reqwest's or the middleware's) |
+//! | one error type | `is_elapsed()`, `is_deadline()`, `attempts()`, `idempotency_key()`, reqwest's error inside | `reqwest_middleware::Error` (reqwest's or the middleware's) |
 //! | streaming bodies replayed | ✓ buffered up to 1 MiB | – (needs a cloneable body) |
 //! | other middleware (auth, tracing, caching) | tower layers, with [`ReqwestService`] | reqwest-middleware's own |
 //! | the same layers on hyper and tonic clients | ✓ (plain tower) | – (reqwest only) |

@@ -3,7 +3,7 @@
 use super::error::Error;
 use super::pending::Pending;
 use super::stack::Stack;
-use crate::http::SafeToRetry;
+use tower_once_core::resend::SafeToRetry;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use std::fmt;
 use std::time::Duration;
