@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_once::breaker::{hook::StateChange, CircuitBreakerLayer, CircuitState};
-use tower_once::fallback::http::{FromSecondary, HttpFallbackLayer};
 use tower_once::core::resend::SafeToRetry;
+use tower_once::fallback::http::{FromSecondary, HttpFallbackLayer};
 use tower_once::retry::RetryLayer;
 use tower_once::timeout::http::HttpTimeoutLayer;
 

@@ -170,7 +170,12 @@ async fn requests_without_a_key_share_the_default_circuit() {
     svc.clone().oneshot(2).await.unwrap_err();
     assert!(svc.clone().oneshot(3).await.unwrap_err().is_circuit_open());
     assert_eq!(circuits.circuit("").state(), CircuitState::Open);
-    assert!(!svc.clone().oneshot(101).await.unwrap_err().is_circuit_open());
+    assert!(!svc
+        .clone()
+        .oneshot(101)
+        .await
+        .unwrap_err()
+        .is_circuit_open());
 }
 
 /// "A stream of hostile keys cannot ... reset a sick endpoint's breaker": a sick endpoint's

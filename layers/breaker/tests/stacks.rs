@@ -130,7 +130,10 @@ async fn the_retry_gives_up_at_once_when_the_probe_is_past_its_deadline() {
     assert_eq!(err.reason(), GiveUp::CircuitOpen);
     assert!(err.is_circuit_open());
     assert_eq!((err.attempts(), err.refusals()), (1, 1));
-    assert!(err.get_inner().unwrap().is_circuit_open(), "the breaker is named");
+    assert!(
+        err.get_inner().unwrap().is_circuit_open(),
+        "the breaker is named"
+    );
     assert!(err.is_unsent(), "nothing was sent");
     assert!(err.to_string().contains("circuit_open"), "{err}");
     assert_eq!(dep.calls(), 1);

@@ -43,7 +43,7 @@ async fn failures_in_a_row_open_it_and_it_refuses_without_sending() {
     assert_eq!(dep.calls(), 3);
     let refused = call(&mut svc).await.unwrap_err();
     assert!(refused.is_circuit_open());
-    assert_eq!(refused.retry_after(), Some(Duration::from_secs(5)));
+    assert_eq!(refused.circuit_retry_after(), Some(Duration::from_secs(5)));
     assert_eq!(
         refused.to_string(),
         "the circuit is open: a probe is admitted in 5.0 s"
@@ -51,7 +51,7 @@ async fn failures_in_a_row_open_it_and_it_refuses_without_sending() {
     assert_eq!(dep.calls(), 3, "refused calls are never sent");
     tokio::time::advance(Duration::from_secs(2)).await;
     let refused = call(&mut svc).await.unwrap_err();
-    assert_eq!(refused.retry_after(), Some(Duration::from_secs(3)));
+    assert_eq!(refused.circuit_retry_after(), Some(Duration::from_secs(3)));
     assert_eq!(layer.circuits().circuit("").state(), CircuitState::Open);
 }
 
@@ -131,7 +131,11 @@ async fn a_probe_after_the_break_closes_it_and_a_failed_probe_doubles_the_break(
     let mut breaks_seen = Vec::new();
     let start = tokio::time::Instant::now();
     for _ in 0..4 {
-        let wait = call(&mut svc).await.unwrap_err().circuit_retry_after().unwrap();
+        let wait = call(&mut svc)
+            .await
+            .unwrap_err()
+            .circuit_retry_after()
+            .unwrap();
         breaks_seen.push(wait.as_secs());
         tokio::time::advance(wait).await;
         // The probe: sent, fails, opens it again.
@@ -331,7 +335,7 @@ async fn isolate_close_and_reset_by_hand() {
     circuit.isolate();
     let refused = svc.clone().oneshot(1).await.unwrap_err();
     assert_eq!(refused.open().unwrap().state(), CircuitState::Isolated);
-    assert_eq!(refused.retry_after(), None);
+    assert_eq!(refused.circuit_retry_after(), None);
     tokio::time::advance(Duration::from_secs(3600)).await;
     assert!(
         svc.clone().oneshot(1).await.unwrap_err().is_circuit_open(),

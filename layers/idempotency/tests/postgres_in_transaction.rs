@@ -21,7 +21,7 @@ use tower::ServiceExt;
 use tower_once_idempotency::store::postgres::PostgresStore;
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_idempotency::{Claim, IdempotencyLayer};
-use tower_once_test_support::postgres::{database_url, Schema};
+use tower_once_test_support::postgres::database_url;
 
 mod support;
 

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use http_body_util::BodyExt;
-use sqlx::{Acquire, PgPool};
+use sqlx::Acquire;
 use std::collections::VecDeque;
 use std::error::Error as _;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -22,7 +22,6 @@ use tower::ServiceExt;
 use tower_once_idempotency::predicate::StorePredicate;
 use tower_once_idempotency::store::postgres::PostgresStore;
 use tower_once_idempotency::{Claim, ClaimError, IdempotencyLayer};
-use tower_once_test_support::postgres::Schema;
 
 mod support;
 

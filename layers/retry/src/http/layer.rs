@@ -11,8 +11,6 @@ use std::time::Duration;
 use tower_layer::Layer;
 use tower_once_core::shard::PerThread;
 
-/// The `Idempotency-Key` header, checked and stamped by this layer.
-
 /// The HTTP retry layer. See the [module docs](crate::http).
 #[derive(Clone)]
 pub struct HttpRetryLayer<C = HttpClassifier, H = ()> {

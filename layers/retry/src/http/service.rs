@@ -67,7 +67,6 @@ impl<S: std::fmt::Debug, C, H> std::fmt::Debug for HttpRetry<S, C, H> {
     }
 }
 
-
 impl<S, B, ResB, C, H> Service<Request<B>> for HttpRetry<S, C, H>
 where
     S: Service<Request<BufferedBody<B>>, Response = Response<ResB>> + Clone,

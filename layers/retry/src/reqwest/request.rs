@@ -3,11 +3,11 @@
 use super::error::Error;
 use super::pending::Pending;
 use super::stack::Stack;
-use tower_once_core::resend::SafeToRetry;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use std::fmt;
 use std::time::Duration;
 use tower::ServiceExt;
+use tower_once_core::resend::SafeToRetry;
 use tower_once_core::IDEMPOTENCY_KEY;
 use tower_once_timeout::Deadline;
 
