@@ -1,12 +1,12 @@
 //! The response future: the first attempt, hedges sent after the delay, the first good answer.
 
 use crate::config::Config;
+use crate::plan::{Copies, Plan};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tower_once_core::attempt::Attempt;
 use tower_once_core::carrier::Carrier;
@@ -14,34 +14,6 @@ use tower_once_core::classify::{Action, Classify};
 use tower_once_core::deadline::Deadline;
 use tower_once_core::shard::Padded;
 use tower_service::Service;
-
-/// Makes the copies of a request that hedges send: the same request, the same key.
-pub trait Copies<Req> {
-    /// One more copy.
-    fn copy(&self) -> Req;
-}
-
-/// A `Clone` request, copied by cloning it.
-#[derive(Debug, Clone)]
-pub struct Cloned<Req>(pub(crate) Req);
-
-impl<Req: Clone> Copies<Req> for Cloned<Req> {
-    fn copy(&self) -> Req {
-        self.0.clone()
-    }
-}
-
-/// Hedges still to send for an operation.
-pub(crate) struct Plan<S, K> {
-    pub(crate) source: K,
-    pub(crate) delay: Duration,
-    pub(crate) left: u32,
-    pub(crate) deadline: Option<Deadline>,
-    /// The mark hedges carry: the attempt they copy, as a hedge.
-    pub(crate) mark: Attempt,
-    /// A clone of the inner service, made for the first hedge.
-    pub(crate) service: Option<S>,
-}
 
 pin_project! {
     /// Response future of [`Hedge`](crate::Hedge).

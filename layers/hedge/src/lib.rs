@@ -104,11 +104,12 @@ pub mod http;
 mod latency;
 mod layer;
 mod metrics;
+mod plan;
 mod service;
 
 pub use self::future::ResponseFuture;
 // NOTE: named by the futures' types only: not part of the stable API.
-#[doc(hidden)]
-pub use self::future::{Cloned, Copies};
 pub use self::layer::HedgeLayer;
+#[doc(hidden)]
+pub use self::plan::{Cloned, Copies};
 pub use self::service::Hedge;

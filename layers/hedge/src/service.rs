@@ -1,7 +1,8 @@
 //! The middleware: the first attempt, and the plan for hedges.
 
 use crate::config::Config;
-use crate::future::{Cloned, Plan, ResponseFuture};
+use crate::future::ResponseFuture;
+use crate::plan::{Cloned, Plan};
 use std::fmt;
 use std::task::{Context, Poll};
 use tokio::time::Instant;

@@ -1,7 +1,7 @@
 //! The response future: reading the body for copies, then the hedged operation.
 
 use crate::config::Config;
-use crate::future::{Copies, Plan};
+use crate::plan::{Copies, Plan};
 use crate::service::plan;
 use bytes::Bytes;
 use http::{Request, Response};

@@ -15,10 +15,18 @@
 //! polled on the same thread (a direct call, an `async` block, a `tower::buffer::Buffer`), not
 //! one across a spawned task, where the refusal is an ordinary error to the classifier.
 
+mod copies;
+mod refusal;
+
+#[doc(hidden)]
+pub use self::copies::{note_copy, watch_copies, CopyWatch, Hedged};
+pub use self::refusal::Refused;
+#[doc(hidden)]
+pub use self::refusal::{refuse, withdraw_refusal};
+
 use crate::carrier::Carrier;
 use std::cell::Cell;
 use std::num::NonZeroU32;
-use std::time::Duration;
 
 thread_local! {
     // NOTE: set while an attempt's `call` runs and while its future is polled (see
@@ -134,133 +142,10 @@ impl Attempt {
     }
 }
 
-/// A layer below refused an attempt before sending anything (its circuit is open): the request
-/// certainly did not run, and [`retry_after`](Self::retry_after) says when the dependency may
-/// be tried again, when known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused {
-    retry_after: Option<Duration>,
-}
-
-impl Refused {
-    /// A refusal; `retry_after` is when a new try may be admitted, `None` when unknown.
-    pub const fn new(retry_after: Option<Duration>) -> Self {
-        Self { retry_after }
-    }
-
-    /// When a new try may be admitted, if known.
-    pub const fn retry_after(self) -> Option<Duration> {
-        self.retry_after
-    }
-}
-
-#[doc(hidden)]
-/// Reports that the attempt in scope was refused before it was sent. Nothing happens outside
-/// an attempt's scope.
-pub fn refuse(refused: Refused) {
-    SCOPE.with(|s| {
-        let mut scope = s.get();
-        if scope.attempt.is_some() {
-            scope.refused = Some(refused);
-            s.set(scope);
-        }
-    });
-}
-
-#[doc(hidden)]
-/// A request extension the hedging layer puts on a request it may copy while it runs: other
-/// copies of it may run too, so the failure of this one alone (even one that was never sent)
-/// says nothing of whether the operation ran. A fallback below it sends nothing on for it as
-/// unsent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Hedged;
-
-impl Hedged {
-    /// Whether `request` is marked so.
-    pub fn is_on<R: Carrier + ?Sized>(request: &R) -> bool {
-        request
-            .extensions()
-            .is_some_and(|e| e.get::<Hedged>().is_some())
-    }
-
-    /// Marks `request` (when it is a [`Carrier`]).
-    pub fn mark<R: Carrier + ?Sized>(request: &mut R) {
-        if let Some(extensions) = request.extensions_mut() {
-            extensions.insert(Hedged);
-        }
-    }
-}
-
-thread_local! {
-    // NOTE: set by a layer that sends another copy of a request (a hedge) while a watcher
-    // (a fallback) polls it; read by the watcher right after the poll.
-    static COPIED: Cell<bool> = const { Cell::new(false) };
-}
-
-#[doc(hidden)]
-/// Reports that a layer sent another copy of `request` (a hedge): an error the operation
-/// returns later no longer speaks for every copy. A watcher learns it in scope
-/// ([`watch_copies`], while it polls on this thread) and through the [`CopyWatch`] the request
-/// carries (across a spawned task or a channel).
-pub fn note_copy<R: Carrier + ?Sized>(request: &R) {
-    COPIED.with(|c| c.set(true));
-    if let Some(watch) = request.extensions().and_then(|e| e.get::<CopyWatch>()) {
-        watch.0.store(true, std::sync::atomic::Ordering::Release);
-    }
-}
-
-#[doc(hidden)]
-/// A request extension through which a layer below reports that it sent another copy of the
-/// request ([`note_copy`]), wherever the request went: the fallback puts one on what it sends
-/// to its primary.
-#[derive(Debug, Clone, Default)]
-pub struct CopyWatch(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl CopyWatch {
-    /// Puts a new watch on `request` (when it is a [`Carrier`]) and returns it.
-    pub fn attach<R: Carrier + ?Sized>(request: &mut R) -> Option<Self> {
-        let extensions = request.extensions_mut()?;
-        let watch = Self::default();
-        extensions.insert(watch.clone());
-        Some(watch)
-    }
-
-    /// Whether a copy of the request was sent.
-    pub fn copied(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-#[doc(hidden)]
-/// Runs `f` (a poll of a request's future) and says whether a layer below sent another copy
-/// of the request meanwhile ([`note_copy`]): a fallback then no longer takes an unsent error
-/// for the whole operation's, for an earlier copy may have run. Reaches what is polled on the
-/// same thread, as the attempt's scope does.
-pub fn watch_copies<R>(f: impl FnOnce() -> R) -> (R, bool) {
-    let (out, copied) = crate::scope::with(&COPIED, false, f);
-    // An enclosing watcher learns of it too.
-    if copied {
-        COPIED.with(|c| c.set(true));
-    }
-    (out, copied)
-}
-
-#[doc(hidden)]
-/// Takes back a refusal reported in the attempt in scope: for a layer that went on after it
-/// (a fallback that sent the request elsewhere), so that the attempt's outcome is not taken
-/// for the refusal.
-pub fn withdraw_refusal() {
-    SCOPE.with(|s| {
-        let mut scope = s.get();
-        if scope.refused.take().is_some() {
-            s.set(scope);
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_refusal_reaches_only_the_attempt_it_was_made_in() {
