@@ -1,7 +1,7 @@
 //! The settings of one breaker layer and their defaults, shared by the layer, its services,
 //! their futures and every circuit.
 
-use crate::hook::StateChange;
+use crate::hook::OnStateChange;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tower_once_core::backoff::{Backoff, Jitter};
 
 /// The state-change hook, shared by every circuit of a layer.
-pub(crate) type OnChange = Arc<dyn Fn(&StateChange<'_>) + Send + Sync>;
+pub(crate) type OnChange = Arc<dyn OnStateChange>;
 
 /// When a closed circuit opens.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -120,7 +120,7 @@ impl fmt::Debug for Settings {
             .field("seed", &self.seed)
             .field(
                 "on_change",
-                &self.on_change.as_ref().map(|_| "Fn(&StateChange)"),
+                &self.on_change.as_ref().map(|_| "OnStateChange"),
             )
             .finish()
     }

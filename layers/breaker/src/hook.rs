@@ -59,3 +59,23 @@ pub struct StateChange<'a> {
     /// When it opened: how long until it admits a probe.
     pub open_for: Option<Duration>,
 }
+
+/// Called on every state change of every circuit, by the call that made it, as the retry
+/// layer's `OnRetry` before each wait: closures implement it, `()` does nothing.
+pub trait OnStateChange: Send + Sync + 'static {
+    /// Called when a circuit changed state.
+    fn on_state_change(&self, change: &StateChange<'_>);
+}
+
+impl OnStateChange for () {
+    fn on_state_change(&self, _: &StateChange<'_>) {}
+}
+
+impl<F> OnStateChange for F
+where
+    F: Fn(&StateChange<'_>) + Send + Sync + 'static,
+{
+    fn on_state_change(&self, change: &StateChange<'_>) {
+        self(change)
+    }
+}

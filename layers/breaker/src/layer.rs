@@ -1,7 +1,7 @@
 use crate::circuit::word::MAX_PROBES;
 use crate::config::{Settings, Trip};
 use crate::handle::Circuits;
-use crate::hook::StateChange;
+use crate::hook::OnStateChange;
 use crate::key::Authority;
 use crate::registry::Config;
 use crate::registry::Registry;
@@ -217,7 +217,8 @@ impl<K, C> CircuitBreakerLayer<K, C> {
         self.set(|s| s.seed = Some(seed))
     }
 
-    /// Called on every state change of every circuit, by the call that made it.
+    /// Calls `hook` on every state change of every circuit, by the call that made it
+    /// ([`OnStateChange`]: a closure, or `()` for none).
     ///
     /// ```
     /// use tower_once_breaker::{hook::StateChange, CircuitBreakerLayer};
@@ -227,10 +228,7 @@ impl<K, C> CircuitBreakerLayer<K, C> {
     /// });
     /// # let _ = layer;
     /// ```
-    pub fn on_state_change<F>(self, hook: F) -> Self
-    where
-        F: Fn(&StateChange<'_>) + Send + Sync + 'static,
-    {
+    pub fn on_state_change(self, hook: impl OnStateChange) -> Self {
         self.set(|s| s.on_change = Some(Arc::new(hook)))
     }
 

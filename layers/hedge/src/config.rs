@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower_once_core::budget::RetryBudget;
 
+use crate::hook::OnHedge;
+
 /// When to send a hedge.
 #[derive(Debug, Clone)]
 pub(crate) enum When {
@@ -34,6 +36,7 @@ pub(crate) struct Config<S, C> {
     pub(crate) max_hedges: u32,
     pub(crate) budget: Option<RetryBudget>,
     pub(crate) classifier: C,
+    pub(crate) hook: Option<Arc<dyn OnHedge>>,
 }
 
 impl<S, C> fmt::Debug for Config<S, C> {
@@ -43,6 +46,7 @@ impl<S, C> fmt::Debug for Config<S, C> {
             .field("max_hedges", &self.max_hedges)
             .field("budget", &self.budget)
             .field("classifier", &std::any::type_name::<C>())
+            .field("hook", &self.hook.is_some())
             .finish_non_exhaustive()
     }
 }

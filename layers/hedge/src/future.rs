@@ -1,6 +1,7 @@
 //! The response future: the first attempt, hedges sent after the delay, the first good answer.
 
 use crate::config::Config;
+use crate::hook::HedgeEvent;
 use crate::plan::{Copies, Plan};
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -149,7 +150,7 @@ where
                 return Poll::Pending;
             };
             ready!(timer.poll(cx));
-            match send_hedge(this.plan, &this.config.0, cx) {
+            match send_hedge(this.plan, &this.config.0, *this.started, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
                     *this.plan = None;
@@ -206,6 +207,7 @@ fn settle<R, E>(
 fn send_hedge<S, Req, K, C>(
     plan: &mut Option<Plan<S, K>>,
     config: &Config<S, C>,
+    started: Instant,
     cx: &mut Context<'_>,
 ) -> Poll<Option<S::Future>>
 where
@@ -245,6 +247,12 @@ where
     tower_once_core::attempt::note_copy(&request);
     crate::metrics::hedge();
     tracing::debug!(left = plan.left, "no answer yet: hedging");
+    if let Some(hook) = &config.hook {
+        hook.on_hedge(&HedgeEvent {
+            hedge: config.max_hedges - plan.left,
+            after: started.elapsed(),
+        });
+    }
     let (future, _) = plan.mark.scope(|| match plan.deadline {
         Some(deadline) => deadline.scope(|| service.call(request)),
         None => service.call(request),

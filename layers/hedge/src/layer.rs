@@ -1,4 +1,5 @@
 use crate::config::{Config, When};
+use crate::hook::OnHedge;
 use crate::latency::Latency;
 use crate::service::Hedge;
 use std::fmt;
@@ -34,6 +35,7 @@ pub struct HedgeLayer<C = RetryOnError> {
     max_hedges: u32,
     budget: Option<RetryBudget>,
     classifier: C,
+    hook: Option<Arc<dyn OnHedge>>,
 }
 
 impl HedgeLayer {
@@ -46,6 +48,7 @@ impl HedgeLayer {
             max_hedges: 1,
             budget: Some(RetryBudget::default()),
             classifier: RetryOnError,
+            hook: None,
         }
     }
 
@@ -97,6 +100,12 @@ impl<C> HedgeLayer<C> {
         self
     }
 
+    /// Calls `hook` each time a hedge is sent ([`OnHedge`]: a closure, or `()` for none).
+    pub fn on_hedge(mut self, hook: impl OnHedge) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
     /// How outcomes are classified: `Success` and `Stop` are the answer; `Retry` waits for
     /// the other copies (and is returned when none answers better); `InProgress` (another copy
     /// holds the server's claim) waits for the others too.
@@ -106,6 +115,7 @@ impl<C> HedgeLayer<C> {
             max_hedges: self.max_hedges,
             budget: self.budget,
             classifier,
+            hook: self.hook,
         }
     }
 
@@ -119,6 +129,7 @@ impl<C> HedgeLayer<C> {
             max_hedges: self.max_hedges,
             budget: self.budget.clone(),
             classifier: self.classifier.clone(),
+            hook: self.hook.clone(),
         }
     }
 }
@@ -141,6 +152,7 @@ impl<C> fmt::Debug for HedgeLayer<C> {
             .field("max_hedges", &self.max_hedges)
             .field("budget", &self.budget)
             .field("classifier", &std::any::type_name::<C>())
+            .field("hook", &self.hook.is_some())
             .finish()
     }
 }

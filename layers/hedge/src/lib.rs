@@ -22,7 +22,9 @@
 //! - hedges and retries draw on **one** [`RetryBudget`](tower_once_core::budget::RetryBudget)
 //!   (pass the retry layer's to [`budget`](HedgeLayer::budget)), as gRPC's hedging shares its
 //!   retry throttle: in an outage, slow answers do not multiply load;
-//! - no hedge is sent at or after the operation's deadline, which every copy carries.
+//! - no hedge is sent at or after the operation's deadline, which every copy carries;
+//! - [`on_hedge`](HedgeLayer::on_hedge) is told each hedge sent ([`hook::OnHedge`], the same
+//!   shape as the retry layer's and the fallback's hooks).
 //!
 //! # Example
 //!
@@ -100,6 +102,7 @@
 
 mod config;
 mod future;
+pub mod hook;
 pub mod http;
 mod latency;
 mod layer;

@@ -110,6 +110,33 @@ async fn a_slow_first_attempt_is_hedged_and_the_first_answer_wins() {
     assert_eq!(marks, [None, Some(Attempt::FIRST.hedge())]);
 }
 
+/// The hook is told each hedge as it is sent: its number and how long after the first copy.
+#[tokio::test(start_paused = true)]
+async fn the_hook_is_told_each_hedge() {
+    let replicas = Replicas::new(|_| (10_000, Ok("late")));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let svc = HedgeLayer::new(Duration::from_millis(100))
+        .max_hedges(2)
+        .no_budget()
+        .on_hedge(move |event: &tower_once_hedge::hook::HedgeEvent| {
+            log.lock().unwrap().push((event.hedge, event.after));
+        })
+        .layer(replicas.service());
+    let slow = tokio::spawn(svc.oneshot(req()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    slow.abort();
+    let _ = slow.await;
+    assert_eq!(replicas.calls(), 3);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (1, Duration::from_millis(100)),
+            (2, Duration::from_millis(200))
+        ]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fast_answer_sends_no_hedge() {
     let replicas = Replicas::new(|_| (50, Ok("answer")));

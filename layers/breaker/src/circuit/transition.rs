@@ -114,7 +114,7 @@ impl Circuit {
             ),
         }
         if let Some(hook) = &self.shared.policy.on_change {
-            hook(&StateChange {
+            hook.on_state_change(&StateChange {
                 circuit,
                 from,
                 to,

@@ -55,6 +55,12 @@ impl<C> HttpHedgeLayer<C> {
         self
     }
 
+    /// See [`HedgeLayer::on_hedge`].
+    pub fn on_hedge(mut self, hook: impl crate::hook::OnHedge) -> Self {
+        self.hedge = self.hedge.on_hedge(hook);
+        self
+    }
+
     /// See [`HedgeLayer::budget`].
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.hedge = self.hedge.budget(budget);
