@@ -179,6 +179,7 @@ mod fetch;
 mod job;
 mod metrics;
 mod producer;
+mod run_loop;
 pub mod run_once;
 mod streams;
 mod worker;

@@ -3,24 +3,15 @@
 
 use crate::classify::JobClassifier;
 use crate::config::WorkerConfig;
-use crate::consume::{self, Ctx};
 use crate::error::WorkerError;
-use crate::fetch::Fetch;
 use crate::job::Job;
 use crate::metrics::JobOutcome;
+use crate::run_loop::{RunLoop, Turn};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::Context;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
-use tokio_util::task::AbortOnDropHandle;
-use tower_once_core::slots::Slots;
 use tower_once_retry::classify::Classify;
 use tower_service::Service;
 
@@ -154,175 +145,17 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         C: Classify<S::Response, S::Error> + Send + Sync + 'static,
         Conn: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let config = self.config;
-        let concurrency = config.concurrency;
-        let slots = Slots::new(concurrency);
-        let (acks, ack_rx) = mpsc::channel(concurrency);
-        let mut acker = AbortOnDropHandle::new(tokio::spawn(consume::ack_loop(
-            self.conn.clone(),
-            config.clone(),
-            ack_rx,
-            concurrency.max(64),
-        )));
-        let ctx = Arc::new(Ctx {
-            config,
-            classifier: self.classifier,
-            conn: self.conn,
-            in_flight: Mutex::new(HashSet::with_capacity(concurrency)),
-            acks,
-            claim_at: Mutex::new(std::collections::BinaryHeap::new()),
-        });
-        // Both helpers end with this future, even when it is dropped rather than finished.
-        let mut refresher =
-            AbortOnDropHandle::new(tokio::spawn(consume::refresh_loop(ctx.clone())));
-        let mut tasks = JoinSet::new();
-        let mut report = RunReport::default();
-        let mut fetch = Fetch::new(self.reader);
-        let mut not_ready = tower_once_core::outage::Outage::default();
+        let mut run = RunLoop::start(
+            self.config,
+            self.service,
+            self.classifier,
+            self.reader,
+            self.conn,
+        );
         tokio::pin!(shutdown);
-        loop {
-            while let Some(done) = tasks.try_join_next() {
-                report.record(done);
-            }
-            if is_ready(shutdown.as_mut()) {
-                break;
-            }
-            let free = slots.free(tasks.len());
-            // Refill in batches: with jobs still running, wait until a quarter of the slots is
-            // free, so one read serves many jobs instead of one read per finished job.
-            if !slots.refill(tasks.len()) {
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => break,
-                    Some(done) = tasks.join_next() => report.record(done),
-                }
-                continue;
-            }
-            // NOTE: no entry is fetched that its handler is not ready to run: one ready
-            // service per entry. A handler that is not ready (a circuit breaker gating on an
-            // open circuit, a concurrency limit) holds the fetch back, so an outage of its
-            // dependency costs no delivery and dead-letters nothing.
-            let ready = tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                ready = ready_services(self.service.clone(), free.min(ctx.config.batch_size)) => ready,
-            };
-            let Some(ready) = ready else {
-                // The handler failed its readiness: fetch nothing, try again after a pause.
-                let pause = not_ready.failed();
-                if not_ready.should_warn() {
-                    tracing::warn!(
-                        failures = not_ready.failures(),
-                        "handler not ready (its poll_ready failed); not fetching"
-                    );
-                }
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => break,
-                    () = tokio::time::sleep(pause) => {}
-                }
-                continue;
-            };
-            not_ready.recovered();
-            // NOTE: a read is never cancelled. A dropped XREADGROUP may still be queued in the
-            // connection and reach Redis later, handing entries to a consumer that has stopped
-            // (they would wait a claim_idle for a takeover). It returns within `block`; its
-            // entries then run within the shutdown grace.
-            let fetched = fetch.next(&ctx, ready.len()).await;
-            match fetched {
-                Ok(batch) => {
-                    // Services readied beyond the batch are dropped: what they hold (a
-                    // half-open circuit's probe) goes back.
-                    for ((entry, deliveries), mut service) in batch.into_iter().zip(ready) {
-                        // NOTE: readiness may have lapsed while the read blocked (a circuit
-                        // that opened meanwhile): such an entry is given back unrun, its
-                        // delivery count restored, rather than refused by its handler.
-                        if !still_ready(&mut service) {
-                            consume::give_back(&ctx, &entry.id).await;
-                            continue;
-                        }
-                        tasks.spawn(consume::process(ctx.clone(), service, entry, deliveries));
-                    }
-                }
-                Err(e) => {
-                    let pause = fetch.failed(&e);
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                }
-            }
-        }
-        drain(&mut tasks, &mut report, ctx.config.shutdown_grace).await;
-        refresher.abort();
-        let _ = (&mut refresher).await;
-        let command_timeout = ctx.config.command_timeout;
-        drop(ctx);
-        // Every sender is gone now: the acker sends what it holds and ends.
-        let _ = tokio::time::timeout(command_timeout * 2, &mut acker).await;
-        report
+        while let Turn::Again = run.turn(shutdown.as_mut()).await {}
+        run.finish().await
     }
-}
-
-/// Up to `want` clones of `service`, each ready for one call: waits for the first, then takes
-/// as many more as are ready at once. `None` when the first one's readiness failed.
-async fn ready_services<S, Req>(service: S, want: usize) -> Option<Vec<S>>
-where
-    S: Service<Req> + Clone,
-{
-    let mut first = service.clone();
-    std::future::poll_fn(|cx| first.poll_ready(cx)).await.ok()?;
-    let mut ready = Vec::with_capacity(want.max(1));
-    ready.push(first);
-    // NOTE: the closure owns the service (a `&S` held across the await would ask `S: Sync`
-    // of every handler).
-    std::future::poll_fn(move |cx| {
-        while ready.len() < want {
-            let mut next = service.clone();
-            match next.poll_ready(cx) {
-                std::task::Poll::Ready(Ok(())) => ready.push(next),
-                _ => break,
-            }
-        }
-        std::task::Poll::Ready(Some(std::mem::take(&mut ready)))
-    })
-    .await
-}
-
-/// Whether a service readied earlier is ready still, asked without waiting.
-fn still_ready<S: Service<Req>, Req>(service: &mut S) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    matches!(service.poll_ready(&mut cx), std::task::Poll::Ready(Ok(())))
-}
-
-/// Whether `future` has completed, without waiting for it.
-fn is_ready<F: Future<Output = ()>>(future: Pin<&mut F>) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    future.poll(&mut cx).is_ready()
-}
-
-/// Waits for in-flight jobs up to `grace`, then drops the rest (left pending).
-async fn drain(tasks: &mut JoinSet<JobOutcome>, report: &mut RunReport, grace: Duration) {
-    let deadline = tokio::time::sleep(grace);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            biased;
-            done = tasks.join_next() => match done {
-                Some(done) => report.record(done),
-                None => return,
-            },
-            () = &mut deadline => break,
-        }
-    }
-    tracing::warn!(
-        jobs = tasks.len(),
-        "shutdown grace ended; in-flight jobs dropped and left pending"
-    );
-    report.abandoned += tasks.len() as u64;
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
 }
 
 /// What a [`Worker::run`] did, by [`JobOutcome`].
@@ -340,7 +173,7 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    fn record(&mut self, done: Result<JobOutcome, tokio::task::JoinError>) {
+    pub(crate) fn record(&mut self, done: Result<JobOutcome, tokio::task::JoinError>) {
         match done {
             Ok(JobOutcome::Acked) => self.acked += 1,
             Ok(JobOutcome::DeadLettered) => self.dead_lettered += 1,
