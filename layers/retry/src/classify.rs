@@ -19,7 +19,7 @@ pub use tower_once_core::classify::{
 
 use http::Response;
 
-/// The classifier an [`HttpRetry`](crate::http::HttpRetry) uses: the one chosen with
+/// The classifier an [`HttpRetry`](../http/struct.HttpRetry.html) uses: the one chosen with
 /// [`RetryLayer::classify`](crate::RetryLayer::classify), or [`HttpClassifier`] when none was
 /// chosen — so `RetryLayer::new().into_http()` retries a `503` as an HTTP client expects. A
 /// chosen classifier that retries a response marked `Idempotency-In-Progress: true` has it

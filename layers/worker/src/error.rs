@@ -11,7 +11,7 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 /// A handler's failure, marked transient (worth another delivery) or permanent (dead-letter it
 /// now).
 ///
-/// [`JobClassifier`](crate::classify::JobClassifier), the worker's default classifier, reads
+/// [`JobClassifier`](classify/struct.JobClassifier.html), the worker's default classifier, reads
 /// the mark: a transient error leaves the entry pending for redelivery, a permanent one
 /// dead-letters it at once. Wrapped in other errors (a `Box<dyn Error>`, a
 /// [`RetryError`](tower_once_retry::RetryError), a

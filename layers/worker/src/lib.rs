@@ -179,6 +179,7 @@ mod fetch;
 mod job;
 mod metrics;
 mod producer;
+mod report;
 mod run_loop;
 pub mod run_once;
 mod streams;
@@ -189,8 +190,9 @@ pub use self::error::{BoxError, JobError, WorkerError};
 pub use self::job::{Job, JobId, JOB_ID_NAMESPACE};
 pub use self::metrics::JobOutcome;
 pub use self::producer::Producer;
+pub use self::report::RunReport;
 pub use self::run_once::{RunOnceLayer, RunOnceOutcome};
-pub use self::worker::{RunReport, Worker};
+pub use self::worker::Worker;
 
 /// The `redis` client this crate is built on, to make connections of the matching version.
 pub use ::redis;

@@ -6,7 +6,7 @@ use crate::consume::{self, Ctx};
 use crate::fetch::Fetch;
 use crate::job::Job;
 use crate::metrics::JobOutcome;
-use crate::worker::RunReport;
+use crate::report::RunReport;
 use redis::aio::ConnectionLike;
 use std::collections::HashSet;
 use std::fmt;

@@ -5,7 +5,7 @@ use crate::classify::JobClassifier;
 use crate::config::WorkerConfig;
 use crate::error::WorkerError;
 use crate::job::Job;
-use crate::metrics::JobOutcome;
+use crate::report::RunReport;
 use crate::run_loop::{RunLoop, Turn};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -155,31 +155,5 @@ impl<S, C, Conn> Worker<S, C, Conn> {
         tokio::pin!(shutdown);
         while let Turn::Again = run.turn(shutdown.as_mut()).await {}
         run.finish().await
-    }
-}
-
-/// What a [`Worker::run`] did, by [`JobOutcome`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RunReport {
-    /// Deliveries acknowledged.
-    pub acked: u64,
-    /// Deliveries left pending (transient failures, missed deadlines).
-    pub left_pending: u64,
-    /// Deliveries dead-lettered.
-    pub dead_lettered: u64,
-    /// Deliveries dropped when the shutdown grace ended (left pending).
-    pub abandoned: u64,
-}
-
-impl RunReport {
-    pub(crate) fn record(&mut self, done: Result<JobOutcome, tokio::task::JoinError>) {
-        match done {
-            Ok(JobOutcome::Acked) => self.acked += 1,
-            Ok(JobOutcome::DeadLettered) => self.dead_lettered += 1,
-            Ok(JobOutcome::Abandoned) => self.abandoned += 1,
-            // A handler that panicked never acknowledged: its entry is pending.
-            Ok(JobOutcome::LeftPending) | Err(_) => self.left_pending += 1,
-        }
     }
 }

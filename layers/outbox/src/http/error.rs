@@ -14,7 +14,7 @@ const QUOTED_BODY: usize = 512;
 
 /// A message the [`HttpSender`](super::HttpSender) did not deliver. Query with the `is_*`
 /// methods; [`action`](Self::action) is the sender's verdict, which the relay's default
-/// classifier, [`SendClassifier`](crate::classify::SendClassifier), follows: park it
+/// classifier, [`SendClassifier`](../classify/struct.SendClassifier.html), follows: park it
 /// ([`is_permanent`](Self::is_permanent)) or try again, after
 /// [`retry_after`](Self::retry_after) if the provider said.
 ///

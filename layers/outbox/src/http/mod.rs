@@ -9,9 +9,9 @@
 //! and its payload as the body, so a provider that honours the header (an `IdempotencyLayer`
 //! server, Stripe...) has the effect once even when the relay sends twice.
 //!
-//! The sender classifies the answer itself ([`HttpClassifier`](crate::classify::HttpClassifier)
+//! The sender classifies the answer itself ([`HttpClassifier`](../classify/struct.HttpClassifier.html)
 //! by default, or [`HttpSender::classify`]), and only a success comes back as `Ok`: the
-//! relay's default classifier, [`SendClassifier`](crate::classify::SendClassifier), follows
+//! relay's default classifier, [`SendClassifier`](../classify/struct.SendClassifier.html), follows
 //! the verdict an [`HttpSendError`] carries. A `503` never counts as sent, and no classifier
 //! has to be remembered on the relay.
 //!
@@ -50,8 +50,8 @@
 //!
 //! # Semantics
 //!
-//! With the default classifiers (the sender's [`HttpClassifier`](crate::classify::HttpClassifier),
-//! the relay's [`SendClassifier`](crate::classify::SendClassifier)):
+//! With the default classifiers (the sender's [`HttpClassifier`](../classify/struct.HttpClassifier.html),
+//! the relay's [`SendClassifier`](../classify/struct.SendClassifier.html)):
 //!
 //! | outcome | the sender answers | the relay |
 //! |---|---|---|
