@@ -61,10 +61,7 @@ impl Service<Req> for Panicking {
 }
 
 fn charge(key: &str) -> Request<Full<Bytes>> {
-    Request::post("/charges")
-        .header("idempotency-key", key)
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .unwrap()
+    support::post("/charges", Some(key), "{}")
 }
 
 /// The panic reaches the caller's task, the handler is polled once, and the retry (once the

@@ -127,15 +127,7 @@ fn keyed(key: &str, body: &'static str) -> Request<Body> {
 }
 
 async fn send(router: &Router, key: &str) -> (StatusCode, bool, String) {
-    let response = router.clone().oneshot(keyed(key, "5")).await.unwrap();
-    let status = response.status();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        replayed,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
+    support::charge_through(router, key, "5").await
 }
 
 /// Counts the statements sqlx runs (its `sqlx::query` events), by their first words.

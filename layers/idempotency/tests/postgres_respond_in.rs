@@ -5,9 +5,8 @@
 //! checks the record, not the response, before it writes nothing more.
 #![cfg(feature = "postgres")]
 
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -216,19 +215,7 @@ impl Fixture {
 
 /// Sends `body` with `key`: the status, whether it was a replay, the body.
 async fn send(router: &Router, key: &str, body: &'static str) -> (StatusCode, bool, String) {
-    let request = Request::post("/charges")
-        .header("idempotency-key", key)
-        .body(Body::from(body))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        replayed,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
+    support::charge_through(router, key, body).await
 }
 
 const LEASE: Duration = Duration::from_secs(10);

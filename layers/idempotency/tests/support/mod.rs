@@ -177,6 +177,24 @@ where
     Answer::read(svc.clone().oneshot(req).await.unwrap()).await
 }
 
+/// `POST /charges` with `key` and `body` through `svc`: the status, whether it was a replay,
+/// and the body as text.
+pub(crate) async fn charge_through<S, ResBody>(
+    svc: &S,
+    key: &str,
+    body: &str,
+) -> (StatusCode, bool, String)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone,
+    S::Error: std::fmt::Debug,
+    ResBody: http_body::Body,
+    ResBody::Error: std::fmt::Debug,
+{
+    let answer = send(svc, post("/charges", Some(key), body)).await;
+    let text = String::from_utf8_lossy(&answer.body).into_owned();
+    (answer.status, answer.replayed(), text)
+}
+
 /// Serves `app` with `axum::serve` on a free loopback port, on a task of its own.
 pub(crate) async fn serve(app: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
