@@ -119,13 +119,6 @@ fn app(fixture: &Fixture, lease: Duration, steps: Vec<Step>) -> (Router, App) {
     (router, state)
 }
 
-fn keyed(key: &str, body: &'static str) -> Request<Body> {
-    Request::post("/charges")
-        .header("idempotency-key", key)
-        .body(Body::from(body))
-        .unwrap()
-}
-
 async fn send(router: &Router, key: &str) -> (StatusCode, bool, String) {
     support::charge_through(router, key, "5").await
 }
