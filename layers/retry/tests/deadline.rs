@@ -624,10 +624,7 @@ async fn nested_deadline_calls_only_tighten_behind_a_buffer_and_a_task() {
         let stack = RetryLayer::new()
             .no_budget()
             .deadline(Duration::from_secs(30))
-            .into_http()
-            .layer(hanging::<Request<tower_once_core::body::BufferedBody<Full<Bytes>>>>(
-                calls.clone(),
-            ));
+            .layer(hanging::<Request<Full<Bytes>>>(calls.clone()));
         let svc = Buffer::new(stack, 8);
         let started = Instant::now();
         let outer = Deadline::after(Duration::from_secs(outer));
