@@ -43,6 +43,8 @@ enum Plan {
     /// Charge, answer through `respond_in`, then panic before the commit (the transaction is
     /// dropped by the unwind).
     PanicBeforeCommit,
+    /// Charge, answer `201` through `respond_in`, commit, then return a `503` of its own.
+    CommitThenAnswer503,
 }
 
 /// A `ClaimError` the handler saw, as its queries answered.
@@ -167,6 +169,14 @@ async fn handle(
             savepoint.rollback().await.map_err(fail)?;
             tx.commit().await.map_err(fail)?;
             return Ok(response);
+        }
+        Plan::CommitThenAnswer503 => {
+            let _stored = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.commit().await.map_err(fail)?;
+            return Ok((StatusCode::SERVICE_UNAVAILABLE, "try again").into_response());
         }
         Plan::PanicBeforeCommit => {
             let _response = claim
@@ -481,5 +491,27 @@ async fn a_handler_that_panics_after_respond_in_before_its_commit_frees_the_key(
     let (status, replayed, body) = send(&router, "pay-panic", "5").await;
     assert_eq!((status, replayed, body.as_str()), (StatusCode::CREATED, true, "charge 2"));
     assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+/// `respond_in`'s docs: once the handler has returned, the layer "acts on what it finds [in the
+/// record], not on what the handler returned". The handler charged and committed its `201`
+/// record, then returned a `503` of its own (no mark of the record on it): by its status the
+/// layer would release the key, but the record is completed, so the release (fenced on an
+/// in-progress record) changes nothing and the retry is replayed, not charged again. Holds.
+#[tokio::test]
+async fn a_503_returned_after_a_committed_respond_in_does_not_free_the_key() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::CommitThenAnswer503]);
+    let (status, _, _) = send(&router, "pay-other", "5").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(fixture.charges().await, 1);
+    let (status, replayed, body) = send(&router, "pay-other", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 1"),
+        "the committed record answers the retry"
+    );
+    assert_eq!(app.runs(), 1, "the handler ran once");
     assert_eq!(fixture.charges().await, 1);
 }
