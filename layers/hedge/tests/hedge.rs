@@ -347,3 +347,40 @@ async fn a_dropped_operation_cancels_every_copy() {
     assert_eq!(replicas.calls(), 3);
     assert_eq!(replicas.cancelled(), 3);
 }
+
+/// The crate docs: the generic layer "applies the same rule to requests that can tell", and an
+/// unkeyed `POST` is never hedged "whichever of the hedging layers it meets"
+/// (`Carrier::may_send_twice`). `tower::hedge` users wrap a request in an `Arc` to make it
+/// cheap to clone, and the workspace implements `Carrier` for `Arc<T>` itself: an
+/// `Arc<http::Request>` holding an unkeyed `POST` is still that `POST`, and a slow first answer
+/// must not make the layer send a second copy of it (a second charge at the server). (A
+/// `tonic::Request` cannot meet the generic layer: it is not `Clone`.)
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_post_in_an_arc_is_never_hedged() {
+    type Charge = Arc<http::Request<&'static str>>;
+    let charges = Arc::new(AtomicU32::new(0));
+    let count = charges.clone();
+    let svc = HedgeLayer::new(Duration::from_millis(100)).layer(tower::service_fn(
+        move |req: Charge| {
+            count.fetch_add(1, SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok::<_, &'static str>(*req.body())
+            }
+        },
+    ));
+    let unkeyed: Charge = Arc::new(
+        http::Request::post("https://api.example/charges")
+            .body("10 EUR")
+            .unwrap(),
+    );
+    assert!(!tower_once_core::resend::may_resend(&unkeyed));
+    let started = Instant::now();
+    assert_eq!(svc.oneshot(unkeyed).await.unwrap(), "10 EUR");
+    assert_eq!(
+        charges.load(SeqCst),
+        1,
+        "a copy of an unkeyed POST was sent: two charges"
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}

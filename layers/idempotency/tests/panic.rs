@@ -116,3 +116,160 @@ async fn postgres_store() {
     let store = support::postgres_store(&schema).await;
     a_panic_is_never_polled_again_and_frees_the_key(store).await;
 }
+
+/// A response body that yields its chunks, then panics (counting the polls that panicked), or
+/// ends when it is not to panic.
+struct PanickingBody {
+    chunks: std::collections::VecDeque<Bytes>,
+    panics: Option<Arc<AtomicUsize>>,
+}
+
+impl http_body::Body for PanickingBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if let Some(chunk) = self.chunks.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+        }
+        match &self.panics {
+            Some(panics) => {
+                panics.fetch_add(1, SeqCst);
+                panic!("response body bug");
+            }
+            None => std::task::Poll::Ready(None),
+        }
+    }
+}
+
+/// A handler whose first response's body yields `chunks` and then panics; later calls answer
+/// `201` with a short body.
+#[derive(Clone)]
+struct PanickingBodyHandler {
+    calls: Arc<AtomicUsize>,
+    panics: Arc<AtomicUsize>,
+    chunks: Vec<Bytes>,
+}
+
+impl PanickingBodyHandler {
+    fn new(chunks: Vec<Bytes>) -> Self {
+        Self {
+            calls: Arc::default(),
+            panics: Arc::default(),
+            chunks,
+        }
+    }
+}
+
+impl Service<Req> for PanickingBodyHandler {
+    type Response = Response<PanickingBody>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<PanickingBody>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        let first = self.calls.fetch_add(1, SeqCst) == 0;
+        let body = if first {
+            PanickingBody {
+                chunks: self.chunks.iter().cloned().collect(),
+                panics: Some(self.panics.clone()),
+            }
+        } else {
+            PanickingBody {
+                chunks: [Bytes::from_static(b"charged")].into(),
+                panics: None,
+            }
+        };
+        let mut res = Response::new(body);
+        *res.status_mut() = if first {
+            StatusCode::OK
+        } else {
+            StatusCode::CREATED
+        };
+        std::future::ready(Ok(res))
+    }
+}
+
+/// Sends `key` once through `svc` on a task of its own and reads the whole answer there: whether
+/// that task panicked.
+async fn send_and_read<S>(svc: S, key: &str) -> Result<(StatusCode, Bytes), tokio::task::JoinError>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResponseBody<PanickingBody>>>
+        + Send
+        + 'static,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    use http_body_util::BodyExt;
+    let req = charge(key);
+    tokio::spawn(async move {
+        let res = svc.oneshot(req).await.unwrap();
+        let status = res.status();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (status, body)
+    })
+    .await
+}
+
+/// Crate docs: "the handler panicked: ... key released; next retry runs it", and a response over
+/// the store limit is "released if the body fails". The handler answered `200` with a body that
+/// streams past the store limit (16 bytes) and then panics: the client got a truncated answer
+/// (its connection ends with the panic), no effect was answered in full, and the retry must run
+/// the handler again instead of getting the "not replayable" answer for the whole retention.
+#[tokio::test]
+async fn a_response_body_that_panics_past_the_store_limit_frees_the_key() {
+    let handler = PanickingBodyHandler::new(vec![Bytes::from(vec![b'x'; 64])]);
+    let layer = IdempotencyLayer::new().response_limit(16);
+    let detached = layer.detached();
+    let svc = layer.layer(handler.clone());
+    let first = send_and_read(svc.clone(), "k-body-panic-streaming").await;
+    assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+    assert_eq!(handler.panics.load(SeqCst), 1);
+    tokio::time::timeout(Duration::from_secs(10), detached.wait())
+        .await
+        .unwrap();
+    let (status, body) = send_and_read(svc, "k-body-panic-streaming")
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, handler.calls.load(SeqCst)),
+        (StatusCode::CREATED, 2),
+        "the retry did not run the handler: {status} {body:?}"
+    );
+}
+
+/// The same panic in a body within the store limit, which the layer reads itself (to store it)
+/// inside the request's future: the panic reaches the caller, the body is never polled again,
+/// the key is released and the retry runs the handler; whether a dropped request finishes or
+/// cancels its handler. Holds; the existing test panics in the handler's future, not in the
+/// body the layer reads.
+#[tokio::test]
+async fn a_response_body_that_panics_while_the_layer_reads_it_frees_the_key() {
+    for cancel in [false, true] {
+        let key = format!("k-body-panic-read-{cancel}");
+        let handler = PanickingBodyHandler::new(vec![Bytes::from_static(b"part")]);
+        let layer = IdempotencyLayer::new()
+            .response_limit(1024)
+            .cancel_on_disconnect(cancel);
+        let detached = layer.detached();
+        let svc = layer.layer(handler.clone());
+        let first = send_and_read(svc.clone(), &key).await;
+        assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+        tokio::time::timeout(Duration::from_secs(10), detached.wait())
+            .await
+            .unwrap();
+        assert_eq!(handler.panics.load(SeqCst), 1, "polled again after its panic");
+        let (status, _) = send_and_read(svc, &key).await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "the key was released");
+        assert_eq!(handler.calls.load(SeqCst), 2, "the retry ran the handler");
+    }
+}

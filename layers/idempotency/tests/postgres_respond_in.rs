@@ -37,6 +37,11 @@ enum Plan {
     SavepointRolledBack,
     /// Charge, answer through `respond_in`, roll the transaction back, return the response.
     RolledBack,
+    /// Charge, answer through `respond_in`, then panic before the commit (the transaction is
+    /// dropped by the unwind).
+    PanicBeforeCommit,
+    /// Charge, answer `201` through `respond_in`, commit, then return a `503` of its own.
+    CommitThenAnswer503,
 }
 
 /// A `ClaimError` the handler saw, as its queries answered.
@@ -161,6 +166,21 @@ async fn handle(
             savepoint.rollback().await.map_err(fail)?;
             tx.commit().await.map_err(fail)?;
             return Ok(response);
+        }
+        Plan::CommitThenAnswer503 => {
+            let _stored = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.commit().await.map_err(fail)?;
+            return Ok((StatusCode::SERVICE_UNAVAILABLE, "try again").into_response());
+        }
+        Plan::PanicBeforeCommit => {
+            let _response = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            panic!("handler bug after respond_in, before the commit");
         }
         Plan::RolledBack => {
             let response = claim
@@ -419,5 +439,64 @@ async fn a_response_whose_transaction_rolled_back_is_not_stored_and_the_retry_ru
         (StatusCode::CREATED, false, "charge 2")
     );
     assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+/// Crate docs, "the handler panicked: ... key released; next retry runs it", with the record
+/// written by `respond_in` in the handler's transaction: the handler charges, writes its answer,
+/// and panics before the commit. The unwind drops the transaction (a rollback: no charge, the
+/// record back to in progress) and the request's future (the layer releases the key). The panic
+/// reaches the caller, nothing is charged, and the retry runs the handler again and charges
+/// once; a third request is a replay. Holds if the rollback reaches Postgres before the
+/// release is refused by the row's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_after_respond_in_before_its_commit_frees_the_key() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(Duration::from_secs(60), vec![Plan::PanicBeforeCommit]);
+    let first = {
+        let router = router.clone();
+        tokio::spawn(async move { send(&router, "pay-panic", "5").await }).await
+    };
+    assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+    assert_eq!(fixture.charges().await, 0, "the charge rolled back");
+    // The release runs on a task of the layer's own: the retry may meet the claim for a moment.
+    let mut answer = send(&router, "pay-panic", "5").await;
+    for _ in 0..50 {
+        if answer.0 != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = send(&router, "pay-panic", "5").await;
+    }
+    assert_eq!(
+        (answer.0, answer.1, answer.2.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the retry ran the handler"
+    );
+    let (status, replayed, body) = send(&router, "pay-panic", "5").await;
+    assert_eq!((status, replayed, body.as_str()), (StatusCode::CREATED, true, "charge 2"));
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+}
+
+/// `respond_in`'s docs: once the handler has returned, the layer "acts on what it finds [in the
+/// record], not on what the handler returned". The handler charged and committed its `201`
+/// record, then returned a `503` of its own (no mark of the record on it): by its status the
+/// layer would release the key, but the record is completed, so the release (fenced on an
+/// in-progress record) changes nothing and the retry is replayed, not charged again. Holds.
+#[tokio::test]
+async fn a_503_returned_after_a_committed_respond_in_does_not_free_the_key() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::CommitThenAnswer503]);
+    let (status, _, _) = send(&router, "pay-other", "5").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(fixture.charges().await, 1);
+    let (status, replayed, body) = send(&router, "pay-other", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 1"),
+        "the committed record answers the retry"
+    );
+    assert_eq!(app.runs(), 1, "the handler ran once");
     assert_eq!(fixture.charges().await, 1);
 }

@@ -542,3 +542,102 @@ async fn a_stalled_request_body_is_inside_the_deadline() {
         "a 1 s deadline, and the request was still pending after an hour"
     );
 }
+
+/// An unkeyed `POST`, which the HTTP layer sends once instead of retrying.
+fn charge() -> Request<Full<Bytes>> {
+    Request::post("/charges")
+        .body(Full::new(Bytes::from_static(b"{\"amount\":10}")))
+        .unwrap()
+}
+
+type Sent = Request<tower_once_core::body::BufferedBody<Full<Bytes>>>;
+
+/// An HTTP upstream that charges on every call and answers `201` at once, counting the charges.
+fn charging(
+    charges: Arc<AtomicUsize>,
+) -> impl Service<Sent, Response = Response<Full<Bytes>>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_req: Sent| {
+        charges.fetch_add(1, SeqCst);
+        async {
+            let mut res = Response::new(Full::new(Bytes::from_static(b"charged")));
+            *res.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(res)
+        }
+    })
+}
+
+/// Retry crate docs, "One deadline": "No attempt starts ... once it has passed", and
+/// `Deadline::call` is the caller's way to give a call its deadline. A request the HTTP layer
+/// sends once (an unkeyed `POST`) is an attempt too: given a deadline that has already passed,
+/// nothing may reach the upstream, and the operation ends with `is_deadline`.
+#[tokio::test(start_paused = true)]
+async fn a_passed_deadline_sends_no_unkeyed_post() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let mut svc = RetryLayer::new()
+        .no_budget()
+        .into_http()
+        .layer(charging(charges.clone()));
+    let deadline = Deadline::after(Duration::from_millis(10));
+    tokio::time::advance(Duration::from_millis(20)).await;
+    svc.ready().await.unwrap();
+    let out = deadline.call(&mut svc, charge()).await;
+    assert_eq!(
+        charges.load(SeqCst),
+        0,
+        "the upstream was charged after the deadline had passed (outcome: {:?})",
+        out.as_ref().map(|r| r.status())
+    );
+    assert!(out.unwrap_err().is_deadline());
+}
+
+/// The same passed deadline, with an `HttpTimeoutLayer` below the retry layer (the placement
+/// the crate docs recommend): the timeout layer, "the deadline has already passed: not called",
+/// stops the unkeyed `POST` the retry layer lets through. Holds; it checks the timeout layer
+/// reads the deadline `Deadline::call` put on the request, which no other test does for a
+/// request sent once.
+#[tokio::test(start_paused = true)]
+async fn a_passed_deadline_sends_no_unkeyed_post_through_an_http_timeout() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let mut svc = RetryLayer::new().no_budget().into_http().layer(
+        tower_once_timeout::http::HttpTimeoutLayer::new(Duration::from_secs(5))
+            .layer(charging(charges.clone())),
+    );
+    let deadline = Deadline::after(Duration::from_millis(10));
+    tokio::time::advance(Duration::from_millis(20)).await;
+    svc.ready().await.unwrap();
+    let out = deadline.call(&mut svc, charge()).await;
+    assert_eq!(charges.load(SeqCst), 0, "nothing charged after the deadline");
+    assert!(out.is_err());
+}
+
+/// Deadlines only tighten: a `Deadline::call` of 5 s nested inside a caller's 1 s (an `async`
+/// block polled in the outer one's scope), reaching a retry layer (own deadline 30 s) behind a
+/// `Buffer`, on a spawned task, over a hanging `GET` upstream: the operation ends at 1 s after
+/// one call, and an outer deadline later than the inner one does not loosen it either. Holds.
+#[tokio::test(start_paused = true)]
+async fn nested_deadline_calls_only_tighten_behind_a_buffer_and_a_task() {
+    for (outer, inner) in [(1, 5), (5, 1)] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = RetryLayer::new()
+            .no_budget()
+            .deadline(Duration::from_secs(30))
+            .layer(hanging::<Request<Full<Bytes>>>(calls.clone()));
+        let svc = Buffer::new(stack, 8);
+        let started = Instant::now();
+        let outer = Deadline::after(Duration::from_secs(outer));
+        let inner = Deadline::after(Duration::from_secs(inner));
+        let err = tokio::spawn(outer.in_scope(async move {
+            let mut svc = svc;
+            svc.ready().await.unwrap();
+            inner.call(&mut svc, get(None)).await
+        }))
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(1), "{err}");
+        assert_eq!(calls.load(SeqCst), 1);
+    }
+}
