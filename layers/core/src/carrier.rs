@@ -13,6 +13,7 @@
 //! | `http::Request<B>` | yes, in its extensions |
 //! | `tonic::Request<T>` (feature `tonic`) | yes, in its extensions |
 //! | the worker's `Job`, the outbox's `OutboxMessage` | yes |
+//! | `Box<T>`, `Arc<T>` of a `Carrier` | as `T` (an `Arc` reads, but cannot add, the context) |
 //! | `String`, `&str`, numbers, `Vec<T>`, `Bytes`, tuples, ... | no: the scope only |
 //! | a type of your own | as you implement it: `impl Carrier for MyJob {}` carries nothing |
 //!
@@ -135,7 +136,32 @@ impl<T> Carrier for &[T] {}
 impl<T> Carrier for Vec<T> {}
 impl<T, const N: usize> Carrier for [T; N] {}
 impl<T> Carrier for Option<T> {}
-impl<T: ?Sized> Carrier for std::sync::Arc<T> {}
+/// A shared request says what the request inside it says: an `Arc<http::Request>` of an
+/// unkeyed `POST` may not be sent twice either. It cannot carry new context (it is shared).
+impl<T: Carrier + ?Sized> Carrier for std::sync::Arc<T> {
+    fn extensions(&self) -> Option<&http::Extensions> {
+        (**self).extensions()
+    }
+
+    fn may_send_twice(&self) -> bool {
+        (**self).may_send_twice()
+    }
+}
+
+/// A boxed request is the request inside it.
+impl<T: Carrier + ?Sized> Carrier for Box<T> {
+    fn extensions(&self) -> Option<&http::Extensions> {
+        (**self).extensions()
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        (**self).extensions_mut()
+    }
+
+    fn may_send_twice(&self) -> bool {
+        (**self).may_send_twice()
+    }
+}
 impl<A, B> Carrier for (A, B) {}
 impl<A, B, C> Carrier for (A, B, C) {}
 impl<A, B, C, D> Carrier for (A, B, C, D) {}
