@@ -51,11 +51,23 @@ pub(crate) trait HeldClaim: Send + 'static {
     fn end(self: Box<Self>, kept: bool);
 }
 
-struct Held(Option<Box<dyn HeldClaim>>);
+struct Held {
+    claim: Option<Box<dyn HeldClaim>>,
+    // Set while the body is polled: still set at drop, the poll unwound (the body panicked),
+    // which is a failure, not a client leaving.
+    polling: bool,
+}
 
 impl Held {
+    fn new(claim: Option<Box<dyn HeldClaim>>) -> Self {
+        Self {
+            claim,
+            polling: false,
+        }
+    }
+
     fn end(&mut self, kept: bool) {
-        if let Some(held) = self.0.take() {
+        if let Some(held) = self.claim.take() {
             held.end(kept);
         }
     }
@@ -63,7 +75,9 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.end(true);
+        // Dropped between polls: the client left, and the handler ran. Dropped during a poll:
+        // the body panicked, and the key is released for the retry.
+        self.end(!self.polling);
     }
 }
 
@@ -86,14 +100,14 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn held(body: BufferedBody<B>, held: Box<dyn HeldClaim>) -> Self {
         Self {
             inner: body,
-            held: Held(Some(held)),
+            held: Held::new(Some(held)),
         }
     }
 
     pub(crate) fn from_buffered(body: BufferedBody<B>) -> Self {
         Self {
             inner: body,
-            held: Held(None),
+            held: Held::new(None),
         }
     }
 }
@@ -102,7 +116,7 @@ impl<B: Body> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseBody")
             .field("inner", &self.inner)
-            .field("holds_claim", &self.held.0.is_some())
+            .field("holds_claim", &self.held.claim.is_some())
             .finish()
     }
 }
@@ -119,7 +133,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        let frame = ready!(this.inner.poll_frame(cx));
+        this.held.polling = true;
+        let frame = this.inner.poll_frame(cx);
+        this.held.polling = false;
+        let frame = ready!(frame);
         match &frame {
             None => this.held.end(true),
             Some(Err(_)) => this.held.end(false),
