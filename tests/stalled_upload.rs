@@ -189,6 +189,34 @@ async fn the_retry_layer_sends_nothing_when_the_body_ends_at_the_deadline() {
     );
 }
 
+/// The same for the fallback (its deadline 1 s): a body that passes the limit or fails exactly
+/// at the deadline reaches neither the primary nor the secondary.
+#[tokio::test(start_paused = true)]
+async fn the_fallback_sends_nothing_when_the_body_ends_at_the_deadline() {
+    let cases: [(&str, Result<&'static [u8], ()>); 2] = [
+        ("passes the limit", Ok(b"0123456789abcdef0123")),
+        ("fails", Err(())),
+    ];
+    for (case, last) in cases {
+        let (primary, secondary) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let svc = HttpFallbackLayer::new(counting_errors(&secondary))
+            .deadline(Duration::from_secs(1))
+            .body_limit(16)
+            .layer(counting_errors(&primary));
+        let started = Instant::now();
+        let out = svc
+            .oneshot(upload_ending_after(b"part", last, Duration::from_secs(1)))
+            .await;
+        assert_eq!(started.elapsed(), Duration::from_secs(1), "{case}");
+        assert!(out.is_err_and(|e| e.is_deadline()), "{case}");
+        assert_eq!(
+            (primary.load(SeqCst), secondary.load(SeqCst)),
+            (0, 0),
+            "{case}"
+        );
+    }
+}
+
 /// A body that trickles one byte every 100 ms for 3 s (it never stalls for long, and stays
 /// within the limit) is cut at the 1 s deadline, not when it ends: by the retry layer and the
 /// fallback, nothing sent; by the hedging layer (a timeout below), at most one copy. Holds; the

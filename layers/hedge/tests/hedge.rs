@@ -360,15 +360,14 @@ async fn an_unkeyed_post_in_an_arc_is_never_hedged() {
     type Charge = Arc<http::Request<&'static str>>;
     let charges = Arc::new(AtomicU32::new(0));
     let count = charges.clone();
-    let svc = HedgeLayer::new(Duration::from_millis(100)).layer(tower::service_fn(
-        move |req: Charge| {
+    let svc =
+        HedgeLayer::new(Duration::from_millis(100)).layer(tower::service_fn(move |req: Charge| {
             count.fetch_add(1, SeqCst);
             async move {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 Ok::<_, &'static str>(*req.body())
             }
-        },
-    ));
+        }));
     let unkeyed: Charge = Arc::new(
         http::Request::post("https://api.example/charges")
             .body("10 EUR")

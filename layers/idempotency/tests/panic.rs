@@ -232,14 +232,15 @@ async fn a_response_body_that_panics_past_the_store_limit_frees_the_key() {
     let detached = layer.detached();
     let svc = layer.layer(handler.clone());
     let first = send_and_read(svc.clone(), "k-body-panic-streaming").await;
-    assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+    assert!(
+        first.unwrap_err().is_panic(),
+        "the panic reaches the caller"
+    );
     assert_eq!(handler.panics.load(SeqCst), 1);
     tokio::time::timeout(Duration::from_secs(10), detached.wait())
         .await
         .unwrap();
-    let (status, body) = send_and_read(svc, "k-body-panic-streaming")
-        .await
-        .unwrap();
+    let (status, body) = send_and_read(svc, "k-body-panic-streaming").await.unwrap();
     assert_eq!(
         (status, handler.calls.load(SeqCst)),
         (StatusCode::CREATED, 2),
@@ -263,11 +264,18 @@ async fn a_response_body_that_panics_while_the_layer_reads_it_frees_the_key() {
         let detached = layer.detached();
         let svc = layer.layer(handler.clone());
         let first = send_and_read(svc.clone(), &key).await;
-        assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+        assert!(
+            first.unwrap_err().is_panic(),
+            "the panic reaches the caller"
+        );
         tokio::time::timeout(Duration::from_secs(10), detached.wait())
             .await
             .unwrap();
-        assert_eq!(handler.panics.load(SeqCst), 1, "polled again after its panic");
+        assert_eq!(
+            handler.panics.load(SeqCst),
+            1,
+            "polled again after its panic"
+        );
         let (status, _) = send_and_read(svc, &key).await.unwrap();
         assert_eq!(status, StatusCode::CREATED, "the key was released");
         assert_eq!(handler.calls.load(SeqCst), 2, "the retry ran the handler");

@@ -457,7 +457,10 @@ async fn a_handler_that_panics_after_respond_in_before_its_commit_frees_the_key(
         let router = router.clone();
         tokio::spawn(async move { send(&router, "pay-panic", "5").await }).await
     };
-    assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+    assert!(
+        first.unwrap_err().is_panic(),
+        "the panic reaches the caller"
+    );
     assert_eq!(fixture.charges().await, 0, "the charge rolled back");
     // The release runs on a task of the layer's own: the retry may meet the claim for a moment.
     let mut answer = send(&router, "pay-panic", "5").await;
@@ -474,7 +477,10 @@ async fn a_handler_that_panics_after_respond_in_before_its_commit_frees_the_key(
         "the retry ran the handler"
     );
     let (status, replayed, body) = send(&router, "pay-panic", "5").await;
-    assert_eq!((status, replayed, body.as_str()), (StatusCode::CREATED, true, "charge 2"));
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 2")
+    );
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
 }

@@ -609,7 +609,11 @@ async fn a_passed_deadline_sends_no_unkeyed_post_through_an_http_timeout() {
     tokio::time::advance(Duration::from_millis(20)).await;
     svc.ready().await.unwrap();
     let out = deadline.call(&mut svc, charge()).await;
-    assert_eq!(charges.load(SeqCst), 0, "nothing charged after the deadline");
+    assert_eq!(
+        charges.load(SeqCst),
+        0,
+        "nothing charged after the deadline"
+    );
     assert!(out.is_err());
 }
 

@@ -134,6 +134,11 @@ where
                                 ),
                             });
                         }
+                        // NOTE: a body that passed the limit or failed just as the deadline
+                        // came goes nowhere: nothing is sent at the deadline.
+                        Read::Once(_) if deadline.is_some_and(Deadline::is_expired) => {
+                            return Poll::Ready(Err(FallbackError::deadline()))
+                        }
                         Read::Once(req) => {
                             tracing::debug!("request body not read whole: the primary only");
                             let future = call(&mut primary, req, deadline);

@@ -53,6 +53,9 @@ pin_project! {
         Retrying { #[pin] core: R },
         // One attempt, still bound by the operation's deadline.
         Once { #[pin] future: F, #[pin] cutoff: Sleep },
+        // The deadline passed before the one attempt could start: nothing was sent.
+        Expired,
+        Done,
     }
 }
 
@@ -67,6 +70,16 @@ where
                 future,
                 cutoff: tokio::time::sleep_until(deadline.instant()),
             },
+            pending: None,
+            key: started.key,
+            started: started.at,
+        }
+    }
+
+    /// The deadline passed before the request could be sent: nothing is.
+    pub(super) fn expired(started: Started) -> Self {
+        Self {
+            state: HttpState::Expired,
             pending: None,
             key: started.key,
             started: started.at,
@@ -152,6 +165,14 @@ where
                     let error = RetryError::deadline(1).with_elapsed(elapsed());
                     return Poll::Ready(Err(Self::error(this.key, error)));
                 }
+                HttpStateProj::Expired => {
+                    this.state.set(HttpState::Done);
+                    let error = RetryError::deadline(0).with_elapsed(this.started.elapsed());
+                    return Poll::Ready(Err(Self::error(this.key, error)));
+                }
+                HttpStateProj::Done => {
+                    tower_once_core::polled_after_completion("HttpRetry's ResponseFuture")
+                }
                 HttpStateProj::Reading { read } => {
                     let read = ready!(read.poll(cx));
                     let Some(Pending {
@@ -174,6 +195,13 @@ where
                                 )),
                             });
                             continue;
+                        }
+                        // NOTE: a body that passed the limit or failed just as the deadline
+                        // came is not sent at the deadline either.
+                        Read::Once(_) if deadline.is_expired() => {
+                            let error =
+                                RetryError::deadline(0).with_elapsed(this.started.elapsed());
+                            return Poll::Ready(Err(Self::error(this.key, error)));
                         }
                         Read::Once(req) => req,
                         Read::Elapsed(_) => {

@@ -97,6 +97,9 @@ where
             let clone = self.inner.clone();
             let service = std::mem::replace(&mut self.inner, clone);
             let started = started(&req);
+            if deadline.instant() <= now {
+                return ResponseFuture::expired(started);
+            }
             let req = req.map(BufferedBody::streaming);
             return ResponseFuture::once(call_once(service, req, deadline), deadline, started);
         }
@@ -110,6 +113,10 @@ where
         let started = started(&req);
         if !may_resend(&req) {
             tracing::debug!(method = %req.method(), "unsafe request without an Idempotency-Key: one attempt");
+            // NOTE: no attempt starts once the deadline has passed, this one included.
+            if deadline.instant() <= now {
+                return ResponseFuture::expired(started);
+            }
             let stats = &self.config.get().settings.stats;
             stats.operation();
             stats.attempt();
