@@ -412,6 +412,8 @@ async fn a_run_once_early_redelivery_runs_the_handler() {
 
 /// The worker stops right after holding an entry back: the delay is in Redis, so the next
 /// worker (same claim_idle) takes it over no earlier than asked and before claim_idle.
+/// (claim_idle is 5 s: the next worker's takeover pass comes every claim_idle / 2, and a
+/// loaded machine delays its start by a second or more; 3 s left too little room.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_shutdown_the_next_worker_respects_the_delay() {
     let server = RedisServer::start();
@@ -422,7 +424,7 @@ async fn after_a_shutdown_the_next_worker_respects_the_delay() {
         _ => (Duration::ZERO, Ok(())),
     });
     xadd(&mut conn, "jobs", "handover", "{}").await;
-    let claim_idle = Duration::from_secs(3);
+    let claim_idle = Duration::from_secs(5);
     let cfg = |name| config("jobs", name, claim_idle).block(ms(50));
     let w1 = start!(Worker::connect(&server.url(), cfg("w1"), svc.clone()).unwrap());
     eventually("the failure", || async {
