@@ -478,3 +478,125 @@ async fn outcomes_of_an_earlier_period_never_decide_a_later_one() {
     assert_eq!(circuit.state(), CircuitState::HalfOpen, "one of two probes");
     assert_eq!(dep.calls(), 3);
 }
+
+/// A hook that panics once, on the transition named, then watches quietly.
+fn panics_once_on(cause: Cause) -> impl Fn(&StateChange<'_>) + Send + Sync + 'static {
+    let armed = std::sync::atomic::AtomicBool::new(true);
+    move |c: &StateChange<'_>| {
+        if c.cause == cause && armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("the hook failed on {}", c.cause);
+        }
+    }
+}
+
+/// A hook that panics when the break is over (the call that found it over, which the circuit
+/// has already made its first probe) must not keep the probe's place: once the break is over,
+/// the next call is a probe and a success closes the circuit.
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_panics_when_the_break_ends_does_not_keep_the_probe_place() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .break_duration(fixed(1))
+        .on_state_change(panics_once_on(Cause::BreakOver));
+    let svc = layer.layer(dep.service());
+    svc.clone().oneshot(1).await.unwrap_err();
+    assert_eq!(dep.calls(), 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    dep.set(Health::Up);
+    let panicked = tokio::spawn(svc.clone().oneshot(1)).await;
+    assert!(panicked.unwrap_err().is_panic(), "the hook's panic reaches its caller");
+    assert_eq!(dep.calls(), 1, "the call whose hook panicked was not sent");
+    let next = svc.clone().oneshot(1).await;
+    assert_eq!(
+        layer.circuits().circuit("").state(),
+        CircuitState::Closed,
+        "the next call was the probe: {next:?}"
+    );
+    assert_eq!(next.unwrap(), "ok");
+    assert_eq!(dep.calls(), 2, "the probe reached the dependency");
+}
+
+/// Holds: a hook that panics when the break ends inside `poll_ready` of a service with
+/// `gate_readiness` (it holds the admission it finds ready) keeps no probe place: the next call
+/// is the probe and closes the circuit.
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_panics_in_poll_ready_when_the_break_ends_does_not_keep_the_probe_place() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = CircuitBreakerLayer::new()
+        .gate_readiness(true)
+        .consecutive_failures(1)
+        .break_duration(fixed(1))
+        .on_state_change(panics_once_on(Cause::BreakOver));
+    let mut svc = layer.layer(dep.service());
+    call(&mut svc).await.unwrap_err();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    dep.set(Health::Up);
+    let mut other = svc.clone();
+    let panicked = tokio::spawn(async move { other.ready().await.map(|_| ()) }).await;
+    assert!(panicked.unwrap_err().is_panic());
+    let next = call(&mut svc).await;
+    assert_eq!(
+        layer.circuits().circuit("").state(),
+        CircuitState::Closed,
+        "the next call was the probe: {next:?}"
+    );
+    assert_eq!(dep.calls(), 2);
+}
+
+/// Holds: a hook that panics when the circuit trips (in the failing call's future) leaves it
+/// open: later calls are refused without being sent, and after the break a probe closes it.
+/// The tripping call ran once.
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_panics_on_the_trip_leaves_the_circuit_open_and_working() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = CircuitBreakerLayer::new()
+        .consecutive_failures(2)
+        .break_duration(fixed(1))
+        .on_state_change(panics_once_on(Cause::Failures));
+    let svc = layer.layer(dep.service());
+    svc.clone().oneshot(1).await.unwrap_err();
+    let panicked = tokio::spawn(svc.clone().oneshot(1)).await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_eq!(dep.calls(), 2, "the tripping call ran once");
+    assert_eq!(layer.circuits().circuit("").state(), CircuitState::Open);
+    assert!(svc.clone().oneshot(1).await.unwrap_err().is_circuit_open());
+    assert_eq!(dep.calls(), 2, "refused, not sent");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    dep.set(Health::Up);
+    svc.clone().oneshot(1).await.unwrap();
+    assert_eq!(dep.calls(), 3);
+    assert_eq!(layer.circuits().circuit("").state(), CircuitState::Closed);
+    // It trips again, its hook quiet now.
+    dep.set(Health::Down);
+    svc.clone().oneshot(1).await.unwrap_err();
+    svc.clone().oneshot(1).await.unwrap_err();
+    assert!(svc.clone().oneshot(1).await.unwrap_err().is_circuit_open());
+    assert_eq!(dep.calls(), 5);
+}
+
+/// Holds: a hook that panics when the probe closes the circuit leaves it closed (the probe
+/// ran once) and every later call is sent.
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_panics_when_probes_close_it_leaves_it_closed() {
+    let dep = Dependency::default();
+    dep.set(Health::Down);
+    let layer = CircuitBreakerLayer::new()
+        .consecutive_failures(1)
+        .break_duration(fixed(1))
+        .on_state_change(panics_once_on(Cause::ProbesSucceeded));
+    let svc = layer.layer(dep.service());
+    svc.clone().oneshot(1).await.unwrap_err();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    dep.set(Health::Up);
+    assert!(tokio::spawn(svc.clone().oneshot(1)).await.unwrap_err().is_panic());
+    assert_eq!(dep.calls(), 2, "the probe ran once");
+    assert_eq!(layer.circuits().circuit("").state(), CircuitState::Closed);
+    for _ in 0..3 {
+        svc.clone().oneshot(1).await.unwrap();
+    }
+    assert_eq!(dep.calls(), 5);
+}

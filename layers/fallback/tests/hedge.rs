@@ -336,3 +336,63 @@ async fn a_hedge_in_an_inner_secondary_keeps_the_outer_fallback_from_going_on() 
         "ran (maybe) on S1, then charged on S2: {result:?}"
     );
 }
+
+/// Holds: "never a second effect" with an `HttpRetryLayer` between the fallback and a hedging
+/// layer that stamps keys. The unkeyed POST is one attempt to the retry layer; the hedging
+/// layer below stamps it and sends a hedge at 100 ms; the first copy is reset at 120 ms (it
+/// may have run), the hedge refused at 150 ms: the last failure says "unsent", but the POST
+/// reached the primary, so it stays there and the secondary never sees it.
+#[tokio::test(start_paused = true)]
+async fn a_retry_between_the_fallback_and_a_stamping_hedge_keeps_a_post_that_ran_on_the_primary()
+{
+    use tower_once_hedge::http::HttpHedgeLayer;
+    use tower_once_retry::http::HttpRetryLayer;
+    let (primary, secondary) = (Side::default(), Side::default());
+    let stack = ServiceBuilder::new()
+        .layer(HttpFallbackLayer::new(secondary.answering(201)))
+        .layer(HttpRetryLayer::new())
+        .layer(
+            HttpHedgeLayer::new(Duration::from_millis(100))
+                .stamp_idempotency_keys(true)
+                .no_budget(),
+        )
+        .service(scripted(&primary, |n| match n {
+            0 => (120, Err(std::io::ErrorKind::ConnectionReset)),
+            _ => (50, Err(std::io::ErrorKind::ConnectionRefused)),
+        }));
+    let result = stack.oneshot(post()).await;
+    assert_eq!(primary.calls(), 2, "the first copy and its hedge");
+    let keys = primary.keys();
+    assert!(keys[0].is_some() && keys[0] == keys[1], "one stamped key: {keys:?}");
+    assert_eq!(
+        secondary.calls(),
+        0,
+        "the POST reached A and was charged on B: {:?}",
+        result.map(|r| r.status())
+    );
+}
+
+/// Holds: a `SafeToRetry` POST (no key, none stamped on it) below the fallback is hedged and may
+/// go on to the secondary; an unmarked, unkeyed one through the same stack is sent once, to
+/// the primary only.
+#[tokio::test(start_paused = true)]
+async fn only_a_safe_to_retry_post_without_a_key_reaches_two_places_through_a_hedge() {
+    use tower_once_core::resend::SafeToRetry;
+    use tower_once_hedge::http::HttpHedgeLayer;
+    let (primary, secondary) = (Side::default(), Side::default());
+    let stack = ServiceBuilder::new()
+        .layer(HttpFallbackLayer::new(secondary.answering(201)))
+        .layer(HttpHedgeLayer::new(Duration::from_millis(100)).no_budget())
+        .service(scripted(&primary, |_| {
+            (300, Err(std::io::ErrorKind::ConnectionReset))
+        }));
+    let plain = stack.clone().oneshot(post()).await;
+    assert!(plain.is_err(), "{:?}", plain.map(|r| r.status()));
+    assert_eq!((primary.calls(), secondary.calls()), (1, 0), "sent once, not hedged");
+    let mut marked = post();
+    marked.extensions_mut().insert(SafeToRetry);
+    let res = stack.oneshot(marked).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!((primary.calls(), secondary.calls()), (3, 1), "hedged, then the secondary");
+    assert_eq!(primary.keys(), [None, None, None], "no key stamped on any copy");
+}

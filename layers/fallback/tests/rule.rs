@@ -298,3 +298,27 @@ async fn nothing_goes_to_a_secondary_that_becomes_ready_after_the_deadline() {
         "sent to the secondary 1 s after the deadline: {result:?}"
     );
 }
+
+/// Holds: a fallback hook that panics loses the operation (its caller sees the panic) but
+/// sends nothing twice: the primary ran once and the secondary never; the next request falls
+/// back as before.
+#[tokio::test(start_paused = true)]
+async fn a_fallback_hook_that_panics_sends_nothing_more_and_later_requests_fall_back() {
+    let (primary, secondary) = (Side::default(), Side::default());
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let svc = HttpFallbackLayer::new(secondary.answering(201))
+        .on_fallback(
+            move |_: &tower_once_fallback::hook::FallbackEvent<'_, _, _>| {
+                if armed.swap(false, SeqCst) {
+                    panic!("the fallback hook failed");
+                }
+            },
+        )
+        .layer(primary.failing(Err(std::io::ErrorKind::ConnectionRefused)));
+    let panicked = tokio::spawn(svc.clone().oneshot(post())).await;
+    assert!(panicked.unwrap_err().is_panic(), "the hook's panic reaches its caller");
+    assert_eq!((primary.calls(), secondary.calls()), (1, 0));
+    let res = svc.oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!((primary.calls(), secondary.calls()), (2, 1));
+}

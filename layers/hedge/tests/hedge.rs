@@ -383,3 +383,68 @@ async fn an_unkeyed_post_in_an_arc_is_never_hedged() {
     );
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
+
+/// A hook that panics on its first call, then watches quietly.
+fn panics_once() -> impl Fn(&tower_once_hedge::hook::HedgeEvent) + Send + Sync + 'static {
+    let armed = std::sync::atomic::AtomicBool::new(true);
+    move |_: &tower_once_hedge::hook::HedgeEvent| {
+        if armed.swap(false, SeqCst) {
+            panic!("the hedge hook failed");
+        }
+    }
+}
+
+/// A hook that panics as a hedge is about to go out: that hedge is never sent, so it must not
+/// spend the retry budget: the next slow operation is still hedged.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_hook_that_panics_does_not_spend_the_budget_on_a_hedge_never_sent() {
+    // No floor, 10 %: ten operations earn one retry or hedge between them.
+    let budget = RetryBudget::new(0.1, 0, Duration::from_secs(60));
+    // Ten fast operations, then two slow ones (calls 10 and 11: the first one's hedge is
+    // never sent; call 12 is the second one's hedge).
+    let replicas = Replicas::new(|n| (if n == 10 || n == 11 { 1_000 } else { 10 }, Ok("ok")));
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().budget(budget.clone()))
+        .layer(
+            HedgeLayer::new(Duration::from_millis(100))
+                .budget(budget.clone())
+                .on_hedge(panics_once()),
+        )
+        .service(replicas.service());
+    for _ in 0..10 {
+        svc.clone().oneshot(req()).await.unwrap();
+    }
+    let panicked = tokio::spawn(svc.clone().oneshot(req())).await;
+    assert!(panicked.unwrap_err().is_panic(), "the hook's panic reaches its caller");
+    assert_eq!(replicas.calls(), 11, "the hedge whose hook panicked was never sent");
+    let started = Instant::now();
+    svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(110),
+        "hedged: the budget was not spent by the hedge never sent"
+    );
+    assert_eq!(replicas.calls(), 13);
+}
+
+/// Holds: after the hook panicked once (the operation's copy in flight is cancelled, nothing
+/// sent twice), later operations are hedged as before and the hook is told.
+#[tokio::test(start_paused = true)]
+async fn after_a_hedge_hook_panicked_later_operations_are_still_hedged() {
+    let replicas = Replicas::new(|n| (if n % 2 == 0 { 5_000 } else { 20 }, Ok("answer")));
+    let svc = HedgeLayer::new(Duration::from_millis(100))
+        .no_budget()
+        .on_hedge(panics_once())
+        .layer(replicas.service());
+    let panicked = tokio::spawn(svc.clone().oneshot(req())).await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_eq!(replicas.calls(), 1, "only the first copy went out");
+    assert_eq!(replicas.cancelled(), 1, "and it was cancelled with its operation");
+    // Calls 1 (first copy, fast) — then 2 (slow) hedged by 3.
+    assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "answer");
+    let started = Instant::now();
+    assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "answer");
+    assert_eq!(started.elapsed(), Duration::from_millis(120), "hedged");
+    assert_eq!(replicas.calls(), 4);
+    assert_eq!(replicas.cancelled(), 2);
+}
