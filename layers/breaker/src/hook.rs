@@ -62,6 +62,9 @@ pub struct StateChange<'a> {
 
 /// Called on every state change of every circuit, by the call that made it, as the retry
 /// layer's `OnRetry` before each wait: closures implement it, `()` does nothing.
+///
+/// A hook is an observer: one that panics is caught and logged (`error`), and the layer goes
+/// on as if it had returned, so a bug in it never leaks what the layer holds at that moment.
 pub trait OnStateChange: Send + Sync + 'static {
     /// Called when a circuit changed state.
     fn on_state_change(&self, change: &StateChange<'_>);

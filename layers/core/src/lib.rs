@@ -35,6 +35,8 @@ pub mod unsent;
 #[doc(hidden)]
 pub mod chain;
 #[doc(hidden)]
+pub mod hook;
+#[doc(hidden)]
 pub mod outage;
 #[doc(hidden)]
 pub mod scope;

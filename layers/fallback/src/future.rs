@@ -137,9 +137,11 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(outcome.map_err(FallbackError::primary));
                     };
-                    config.hook.on_fallback(&FallbackEvent {
-                        reason,
-                        primary: &outcome,
+                    tower_once_core::hook::call("fallback", || {
+                        config.hook.on_fallback(&FallbackEvent {
+                            reason,
+                            primary: &outcome,
+                        })
                     });
                     crate::metrics::fallback(reason);
                     tracing::info!(reason = reason.as_str(), "primary failed: to the secondary");

@@ -15,6 +15,9 @@ pub struct FallbackEvent<'a, Res, E> {
 /// Called before a request goes to the secondary. Implemented for closures
 /// `Fn(&FallbackEvent<'_, Res, E>)` and, as a no-op, for `()`.
 ///
+/// A hook is an observer: one that panics is caught and logged (`error`), and the layer goes
+/// on as if it had returned, so a bug in it never leaks what the layer holds at that moment.
+///
 /// ```
 /// use tower_once_fallback::hook::FallbackEvent;
 ///

@@ -343,8 +343,7 @@ async fn a_hedge_in_an_inner_secondary_keeps_the_outer_fallback_from_going_on() 
 /// may have run), the hedge refused at 150 ms: the last failure says "unsent", but the POST
 /// reached the primary, so it stays there and the secondary never sees it.
 #[tokio::test(start_paused = true)]
-async fn a_retry_between_the_fallback_and_a_stamping_hedge_keeps_a_post_that_ran_on_the_primary()
-{
+async fn a_retry_between_the_fallback_and_a_stamping_hedge_keeps_a_post_that_ran_on_the_primary() {
     use tower_once_hedge::http::HttpHedgeLayer;
     use tower_once_retry::http::HttpRetryLayer;
     let (primary, secondary) = (Side::default(), Side::default());
@@ -363,7 +362,10 @@ async fn a_retry_between_the_fallback_and_a_stamping_hedge_keeps_a_post_that_ran
     let result = stack.oneshot(post()).await;
     assert_eq!(primary.calls(), 2, "the first copy and its hedge");
     let keys = primary.keys();
-    assert!(keys[0].is_some() && keys[0] == keys[1], "one stamped key: {keys:?}");
+    assert!(
+        keys[0].is_some() && keys[0] == keys[1],
+        "one stamped key: {keys:?}"
+    );
     assert_eq!(
         secondary.calls(),
         0,
@@ -388,11 +390,23 @@ async fn only_a_safe_to_retry_post_without_a_key_reaches_two_places_through_a_he
         }));
     let plain = stack.clone().oneshot(post()).await;
     assert!(plain.is_err(), "{:?}", plain.map(|r| r.status()));
-    assert_eq!((primary.calls(), secondary.calls()), (1, 0), "sent once, not hedged");
+    assert_eq!(
+        (primary.calls(), secondary.calls()),
+        (1, 0),
+        "sent once, not hedged"
+    );
     let mut marked = post();
     marked.extensions_mut().insert(SafeToRetry);
     let res = stack.oneshot(marked).await.unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
-    assert_eq!((primary.calls(), secondary.calls()), (3, 1), "hedged, then the secondary");
-    assert_eq!(primary.keys(), [None, None, None], "no key stamped on any copy");
+    assert_eq!(
+        (primary.calls(), secondary.calls()),
+        (3, 1),
+        "hedged, then the secondary"
+    );
+    assert_eq!(
+        primary.keys(),
+        [None, None, None],
+        "no key stamped on any copy"
+    );
 }

@@ -248,10 +248,11 @@ where
     crate::metrics::hedge();
     tracing::debug!(left = plan.left, "no answer yet: hedging");
     if let Some(hook) = &config.hook {
-        hook.on_hedge(&HedgeEvent {
+        let event = HedgeEvent {
             hedge: config.max_hedges - plan.left,
             after: started.elapsed(),
-        });
+        };
+        tower_once_core::hook::call("hedge", || hook.on_hedge(&event));
     }
     let (future, _) = plan.mark.scope(|| match plan.deadline {
         Some(deadline) => deadline.scope(|| service.call(request)),

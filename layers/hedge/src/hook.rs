@@ -15,6 +15,9 @@ pub struct HedgeEvent {
 /// Called each time a hedge is sent, as the retry layer's `OnRetry` before each wait and the
 /// fallback's `OnFallback` before the secondary: closures implement it, `()` does nothing.
 ///
+/// A hook is an observer: one that panics is caught and logged (`error`), and the layer goes
+/// on as if it had returned, so a bug in it never leaks what the layer holds at that moment.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_once_hedge::{hook::HedgeEvent, HedgeLayer};

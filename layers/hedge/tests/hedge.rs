@@ -394,15 +394,15 @@ fn panics_once() -> impl Fn(&tower_once_hedge::hook::HedgeEvent) + Send + Sync +
     }
 }
 
-/// A hook that panics as a hedge is about to go out: that hedge is never sent, so it must not
-/// spend the retry budget: the next slow operation is still hedged.
+/// A hook that panics as a hedge goes out is contained (crate docs: a hook that panics is
+/// logged and the layer goes on): the hedge is sent and answers, and the budget it drew on
+/// paid for a hedge that went out.
 #[tokio::test(start_paused = true)]
-async fn a_hedge_hook_that_panics_does_not_spend_the_budget_on_a_hedge_never_sent() {
+async fn a_hedge_hook_that_panics_is_contained_and_the_hedge_goes_out() {
     // No floor, 10 %: ten operations earn one retry or hedge between them.
     let budget = RetryBudget::new(0.1, 0, Duration::from_secs(60));
-    // Ten fast operations, then two slow ones (calls 10 and 11: the first one's hedge is
-    // never sent; call 12 is the second one's hedge).
-    let replicas = Replicas::new(|n| (if n == 10 || n == 11 { 1_000 } else { 10 }, Ok("ok")));
+    // Ten fast operations, then a slow first copy (call 10) whose hedge (call 11) is fast.
+    let replicas = Replicas::new(|n| (if n == 10 { 1_000 } else { 10 }, Ok("ok")));
     let svc = ServiceBuilder::new()
         .layer(RetryLayer::new().budget(budget.clone()))
         .layer(
@@ -414,21 +414,23 @@ async fn a_hedge_hook_that_panics_does_not_spend_the_budget_on_a_hedge_never_sen
     for _ in 0..10 {
         svc.clone().oneshot(req()).await.unwrap();
     }
-    let panicked = tokio::spawn(svc.clone().oneshot(req())).await;
-    assert!(panicked.unwrap_err().is_panic(), "the hook's panic reaches its caller");
-    assert_eq!(replicas.calls(), 11, "the hedge whose hook panicked was never sent");
     let started = Instant::now();
-    svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "ok");
     assert_eq!(
         started.elapsed(),
         Duration::from_millis(110),
-        "hedged: the budget was not spent by the hedge never sent"
+        "the hedge answered"
     );
-    assert_eq!(replicas.calls(), 13);
+    assert_eq!(
+        replicas.calls(),
+        12,
+        "the hedge whose hook panicked went out"
+    );
+    assert_eq!(replicas.cancelled(), 1, "the slow copy was dropped");
 }
 
-/// Holds: after the hook panicked once (the operation's copy in flight is cancelled, nothing
-/// sent twice), later operations are hedged as before and the hook is told.
+/// After the hook panicked once, later operations are hedged as before: nothing is left
+/// half-done by the panic.
 #[tokio::test(start_paused = true)]
 async fn after_a_hedge_hook_panicked_later_operations_are_still_hedged() {
     let replicas = Replicas::new(|n| (if n % 2 == 0 { 5_000 } else { 20 }, Ok("answer")));
@@ -436,15 +438,15 @@ async fn after_a_hedge_hook_panicked_later_operations_are_still_hedged() {
         .no_budget()
         .on_hedge(panics_once())
         .layer(replicas.service());
-    let panicked = tokio::spawn(svc.clone().oneshot(req())).await;
-    assert!(panicked.unwrap_err().is_panic());
-    assert_eq!(replicas.calls(), 1, "only the first copy went out");
-    assert_eq!(replicas.cancelled(), 1, "and it was cancelled with its operation");
-    // Calls 1 (first copy, fast) — then 2 (slow) hedged by 3.
-    assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "answer");
-    let started = Instant::now();
-    assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "answer");
-    assert_eq!(started.elapsed(), Duration::from_millis(120), "hedged");
+    for round in 1..=2 {
+        let started = Instant::now();
+        assert_eq!(svc.clone().oneshot(req()).await.unwrap(), "answer");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(120),
+            "round {round} hedged"
+        );
+    }
     assert_eq!(replicas.calls(), 4);
     assert_eq!(replicas.cancelled(), 2);
 }

@@ -29,6 +29,9 @@ pub struct RetryEvent<'a, Res, E> {
 /// for each of up to 8 worker threads, so that no call shares a reference count with calls on
 /// other cores. Keep anything a hook accumulates behind an `Arc`, as in the closure below.
 ///
+/// A hook is an observer: one that panics is caught and logged (`error`), and the layer goes
+/// on as if it had returned, so a bug in it never leaks what the layer holds at that moment.
+///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;

@@ -267,13 +267,15 @@ where
             }
         }
         settings.stats.retry(delay);
-        self.config.hook.on_retry(&RetryEvent {
+        let event = RetryEvent {
             attempt: self.attempt,
             delay,
             from_server,
             refused: refused.is_some(),
             outcome,
-        });
+        };
+        let hook = &self.config.hook;
+        tower_once_core::hook::call("retry", || hook.on_retry(&event));
         tracing::info!(
             attempt = self.attempt,
             delay_ms = delay.as_millis() as u64,

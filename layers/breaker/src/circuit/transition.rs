@@ -114,13 +114,14 @@ impl Circuit {
             ),
         }
         if let Some(hook) = &self.shared.policy.on_change {
-            hook.on_state_change(&StateChange {
+            let change = StateChange {
                 circuit,
                 from,
                 to,
                 cause: reason,
                 open_for,
-            });
+            };
+            tower_once_core::hook::call("breaker", || hook.on_state_change(&change));
         }
     }
 
