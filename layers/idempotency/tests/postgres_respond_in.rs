@@ -42,6 +42,42 @@ enum Plan {
     PanicBeforeCommit,
     /// Charge, answer `201` through `respond_in`, commit, then return a `503` of its own.
     CommitThenAnswer503,
+    /// Charge, answer `200` with a body of this many bytes through `respond_in`, commit.
+    Big(usize),
+    /// A gRPC answer: HTTP `200`, `application/grpc`, a body, and `grpc-status: <code>` in
+    /// the trailers, through `respond_in`; charge only for code `0`; commit.
+    Grpc(u8),
+    /// Charge, answer through `respond_in`, say so on `App::entered`, wait for `App::gate`,
+    /// roll the transaction back, return the response.
+    HeldThenRolledBack,
+    /// At the default isolation (`READ COMMITTED`): charge, wait `before`, answer through
+    /// `respond_in`, wait `after` (the record's row locked), commit.
+    Slow { before: Duration, after: Duration },
+}
+
+/// A body of one data frame, then trailers.
+struct WithTrailers {
+    data: Option<bytes::Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+        }
+        std::task::Poll::Ready(
+            self.trailers
+                .take()
+                .map(|t| Ok(http_body::Frame::trailers(t))),
+        )
+    }
 }
 
 /// A `ClaimError` the handler saw, as its queries answered.
@@ -81,6 +117,10 @@ struct App {
     runs: Arc<AtomicUsize>,
     plans: Arc<Mutex<VecDeque<Plan>>>,
     refusals: Arc<Mutex<Vec<Refusal>>>,
+    /// Told by [`Plan::HeldThenRolledBack`] once its record is written.
+    entered: Arc<tokio::sync::Notify>,
+    /// What [`Plan::HeldThenRolledBack`] waits for before its rollback.
+    gate: Arc<tokio::sync::Notify>,
 }
 
 impl App {
@@ -128,9 +168,10 @@ async fn handle(
     }
     let status = match plan {
         Plan::Answer(status) => status,
+        Plan::Big(_) | Plan::Grpc(_) => StatusCode::OK,
         _ => StatusCode::CREATED,
     };
-    if status.is_success() {
+    if status.is_success() && !matches!(plan, Plan::Grpc(code) if code != 0) {
         // The transaction's first statement: its snapshot, at `SERIALIZABLE`.
         sqlx::query(&format!(
             "INSERT INTO {}.charges (amount) VALUES (5)",
@@ -143,6 +184,52 @@ async fn handle(
     match plan {
         Plan::Answer(_) => {}
         Plan::SerializableSlow(wait) => tokio::time::sleep(wait).await,
+        Plan::Big(len) => {
+            let response = claim
+                .respond_in(&mut tx, (status, vec![b'x'; len]))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::Grpc(code) => {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", code.to_string().parse().unwrap());
+            let grpc = http::Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/grpc")
+                .body(axum::body::Body::new(WithTrailers {
+                    data: Some(bytes::Bytes::from(answer)),
+                    trailers: Some(trailers),
+                }))
+                .unwrap();
+            let response = claim
+                .respond_in(&mut tx, grpc)
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::HeldThenRolledBack => {
+            let response = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            app.entered.notify_one();
+            app.gate.notified().await;
+            tx.rollback().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::Slow { before, after } => {
+            tokio::time::sleep(before).await;
+            let response = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tokio::time::sleep(after).await;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
         Plan::CompleteTwice => {
             claim
                 .respond_in(&mut tx, (status, answer.clone()))
@@ -206,14 +293,31 @@ impl Fixture {
     where
         P: StorePredicate + Clone + Send + Sync + 'static,
     {
+        self.limited_app(lease, predicate, plans, 1 << 20)
+    }
+
+    /// [`app`](Self::app) with the layer's `response_limit` set to `limit` bytes.
+    fn limited_app<P>(
+        &self,
+        lease: Duration,
+        predicate: P,
+        plans: Vec<Plan>,
+        limit: usize,
+    ) -> (Router, App)
+    where
+        P: StorePredicate + Clone + Send + Sync + 'static,
+    {
         let state = App {
             schema: self.schema.name.clone(),
             runs: Arc::default(),
             plans: Arc::new(Mutex::new(plans.into())),
             refusals: Arc::default(),
+            entered: Arc::default(),
+            gate: Arc::default(),
         };
         let layer = IdempotencyLayer::with_store(self.store.clone())
             .lease(lease)
+            .response_limit(limit)
             .store_when(predicate);
         let router = Router::new()
             .route("/charges", post(charge))
@@ -505,4 +609,43 @@ async fn a_503_returned_after_a_committed_respond_in_does_not_free_the_key() {
     );
     assert_eq!(app.runs(), 1, "the handler ran once");
     assert_eq!(fixture.charges().await, 1);
+}
+
+/// `respond_in`'s docs: "a body over the layer's response limit is not kept (later duplicates
+/// get the layer's "not replayable" answer, and never run the handler)". The handler charges
+/// and answers a `200` of 4 KiB through `respond_in` with a 64-byte `response_limit`, and
+/// commits: the first caller gets the whole body, the charge commits once, a retry gets the
+/// `409` not-replayable problem (a failure of the layer's, not a stored failure of the
+/// handler's) and never runs the handler again; a retry after the lease too. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_over_the_response_limit_through_respond_in_is_kept_as_not_replayable_and_charges_once(
+) {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (router, app) = fixture.limited_app(
+        lease,
+        tower_once_idempotency::predicate::DefaultPredicate,
+        vec![Plan::Big(4096)],
+        64,
+    );
+    let (status, replayed, body) = send(&router, "pay-big", "5").await;
+    assert_eq!((status, replayed), (StatusCode::OK, false));
+    assert_eq!(body.len(), 4096, "the first caller gets the whole body");
+    assert_eq!(fixture.charges().await, 1, "the charge committed");
+
+    let answer = support::send(&router, support::post("/charges", Some("pay-big"), "5")).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.text());
+    assert!(
+        answer.problem_type().ends_with("not-replayable"),
+        "{}",
+        answer.text()
+    );
+    // After the lease would have run out: still settled.
+    tokio::time::sleep(lease * 2).await;
+    let answer = support::send(&router, support::post("/charges", Some("pay-big"), "5")).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.text());
+    assert!(answer.problem_type().ends_with("not-replayable"));
+    assert_eq!(app.runs(), 1, "the handler ran once");
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
 }
