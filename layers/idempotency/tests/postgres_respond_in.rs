@@ -649,3 +649,47 @@ async fn a_200_over_the_response_limit_through_respond_in_is_kept_as_not_replaya
     assert_eq!(fixture.charges().await, 1);
     assert!(app.refusals().is_empty());
 }
+
+/// `respond_in`'s docs: a response the predicate would not store, "a gRPC failure in the
+/// trailers" among them, "is returned as it is, and nothing is written: once the handler
+/// returns it, the layer releases the key". The handler answers HTTP `200` with
+/// `grpc-status: 14` (`UNAVAILABLE`) in the trailers through `respond_in`, charging nothing,
+/// and commits: the caller gets the trailers, the retry runs the handler, which charges and
+/// answers `grpc-status: 0`; a third request replays that. One charge, two runs. Holds.
+#[tokio::test]
+async fn a_grpc_unavailable_in_the_trailers_through_respond_in_is_not_stored_and_the_retry_charges_once(
+) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::Grpc(14), Plan::Grpc(0)]);
+    let res = router
+        .clone()
+        .oneshot(support::post("/charges", Some("pay-grpc"), "5"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let collected = res.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    assert_eq!(
+        trailers.as_ref().and_then(|t| t.get("grpc-status")),
+        Some(&http::HeaderValue::from_static("14")),
+        "the caller gets the failure in the trailers: {trailers:?}"
+    );
+    assert_eq!(fixture.charges().await, 0);
+
+    let (status, replayed, body) = send(&router, "pay-grpc", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::OK, false, "charge 2"),
+        "the gRPC failure was not the key's answer: the retry ran the handler"
+    );
+    let (status, replayed, body) = send(&router, "pay-grpc", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::OK, true, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
+}
