@@ -693,3 +693,58 @@ async fn a_grpc_unavailable_in_the_trailers_through_respond_in_is_not_stored_and
     assert_eq!(fixture.charges().await, 1);
     assert!(app.refusals().is_empty());
 }
+
+/// `respond_in`'s table: a record "in progress, and that transaction rolled back" makes the
+/// layer release the key at once. Two concurrent requests with one key: the first charges,
+/// writes its record through `respond_in` and holds its transaction open; the second arrives
+/// meanwhile (the row is locked: it waits on it or is answered `409`); then the first rolls
+/// back. The second (a client retrying its `409`s every 50 ms) must run the handler and charge
+/// once within a few seconds, long before the 10 s lease; a later request replays. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waiting_on_a_respond_in_that_rolls_back_charges_once_soon() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::HeldThenRolledBack]);
+    let first = {
+        let router = router.clone();
+        tokio::spawn(async move { send(&router, "pay-held", "5").await })
+    };
+    tokio::time::timeout(Duration::from_secs(5), app.entered.notified())
+        .await
+        .expect("the first request wrote its record");
+    let second = {
+        let router = router.clone();
+        tokio::spawn(async move {
+            let mut answer = send(&router, "pay-held", "5").await;
+            let started = std::time::Instant::now();
+            while answer.0 == StatusCode::CONFLICT && started.elapsed() < Duration::from_secs(15) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                answer = send(&router, "pay-held", "5").await;
+            }
+            answer
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = std::time::Instant::now();
+    app.gate.notify_one();
+    let (status, _, _) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "the first caller's response");
+    let (status, replayed, body) = second.await.unwrap();
+    let waited = released.elapsed();
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the duplicate ran the handler after the rollback (after {waited:?})"
+    );
+    assert!(
+        waited < LEASE / 2,
+        "the duplicate charged {waited:?} after the rollback: the key was held for the lease"
+    );
+    let (status, replayed, body) = send(&router, "pay-held", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
+}
