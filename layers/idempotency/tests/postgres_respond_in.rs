@@ -748,3 +748,52 @@ async fn a_duplicate_waiting_on_a_respond_in_that_rolls_back_charges_once_soon()
     assert_eq!(fixture.charges().await, 1);
     assert!(app.refusals().is_empty());
 }
+
+/// `respond_in`'s docs: use it at `READ COMMITTED`, where a handler slower than its lease is
+/// fine (the layer renews the lease every third of it). Lease 300 ms; the handler charges,
+/// waits 600 ms, writes its record through `respond_in`, waits 600 ms more with the row locked
+/// (the renewals wait on that lock), and commits. A duplicate sent 450 ms in, and another
+/// during the second wait, must not run the handler; the request answers `201`; a retry replays
+/// it. In the end: one charge, one run. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_committed_handler_slower_than_its_lease_charges_once() {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (router, app) = fixture.default_app(
+        lease,
+        vec![Plan::Slow {
+            before: lease * 2,
+            after: lease * 2,
+        }],
+    );
+    let first = {
+        let router = router.clone();
+        tokio::spawn(async move { send(&router, "pay-slow", "5").await })
+    };
+    tokio::time::sleep(lease * 3 / 2).await;
+    let (status, replayed, body) = send(&router, "pay-slow", "5").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CONFLICT, false),
+        "a duplicate past the lease while the handler runs: {body}"
+    );
+    tokio::time::sleep(lease).await;
+    let during = send(&router, "pay-slow", "5").await;
+    let (status, replayed, body) = first.await.unwrap();
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 1")
+    );
+    assert!(
+        during.0 == StatusCode::CONFLICT || (during.0, during.1) == (StatusCode::CREATED, true),
+        "a duplicate while the record's row is locked: {during:?}"
+    );
+    let (status, replayed, body) = send(&router, "pay-slow", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 1")
+    );
+    assert_eq!(fixture.charges().await, 1);
+    assert_eq!(app.runs(), 1);
+    assert!(app.refusals().is_empty(), "{:?}", app.refusals());
+}
