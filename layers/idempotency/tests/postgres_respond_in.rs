@@ -42,6 +42,42 @@ enum Plan {
     PanicBeforeCommit,
     /// Charge, answer `201` through `respond_in`, commit, then return a `503` of its own.
     CommitThenAnswer503,
+    /// Charge, answer `200` with a body of this many bytes through `respond_in`, commit.
+    Big(usize),
+    /// A gRPC answer: HTTP `200`, `application/grpc`, a body, and `grpc-status: <code>` in
+    /// the trailers, through `respond_in`; charge only for code `0`; commit.
+    Grpc(u8),
+    /// Charge, answer through `respond_in`, say so on `App::entered`, wait for `App::gate`,
+    /// roll the transaction back, return the response.
+    HeldThenRolledBack,
+    /// At the default isolation (`READ COMMITTED`): charge, wait `before`, answer through
+    /// `respond_in`, wait `after` (the record's row locked), commit.
+    Slow { before: Duration, after: Duration },
+}
+
+/// A body of one data frame, then trailers.
+struct WithTrailers {
+    data: Option<bytes::Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+        }
+        std::task::Poll::Ready(
+            self.trailers
+                .take()
+                .map(|t| Ok(http_body::Frame::trailers(t))),
+        )
+    }
 }
 
 /// A `ClaimError` the handler saw, as its queries answered.
@@ -81,6 +117,10 @@ struct App {
     runs: Arc<AtomicUsize>,
     plans: Arc<Mutex<VecDeque<Plan>>>,
     refusals: Arc<Mutex<Vec<Refusal>>>,
+    /// Told by [`Plan::HeldThenRolledBack`] once its record is written.
+    entered: Arc<tokio::sync::Notify>,
+    /// What [`Plan::HeldThenRolledBack`] waits for before its rollback.
+    gate: Arc<tokio::sync::Notify>,
 }
 
 impl App {
@@ -128,9 +168,10 @@ async fn handle(
     }
     let status = match plan {
         Plan::Answer(status) => status,
+        Plan::Big(_) | Plan::Grpc(_) => StatusCode::OK,
         _ => StatusCode::CREATED,
     };
-    if status.is_success() {
+    if status.is_success() && !matches!(plan, Plan::Grpc(code) if code != 0) {
         // The transaction's first statement: its snapshot, at `SERIALIZABLE`.
         sqlx::query(&format!(
             "INSERT INTO {}.charges (amount) VALUES (5)",
@@ -143,6 +184,52 @@ async fn handle(
     match plan {
         Plan::Answer(_) => {}
         Plan::SerializableSlow(wait) => tokio::time::sleep(wait).await,
+        Plan::Big(len) => {
+            let response = claim
+                .respond_in(&mut tx, (status, vec![b'x'; len]))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::Grpc(code) => {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", code.to_string().parse().unwrap());
+            let grpc = http::Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/grpc")
+                .body(axum::body::Body::new(WithTrailers {
+                    data: Some(bytes::Bytes::from(answer)),
+                    trailers: Some(trailers),
+                }))
+                .unwrap();
+            let response = claim
+                .respond_in(&mut tx, grpc)
+                .await
+                .map_err(|e| app.refused(e))?;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::HeldThenRolledBack => {
+            let response = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            app.entered.notify_one();
+            app.gate.notified().await;
+            tx.rollback().await.map_err(fail)?;
+            return Ok(response);
+        }
+        Plan::Slow { before, after } => {
+            tokio::time::sleep(before).await;
+            let response = claim
+                .respond_in(&mut tx, (status, answer))
+                .await
+                .map_err(|e| app.refused(e))?;
+            tokio::time::sleep(after).await;
+            tx.commit().await.map_err(fail)?;
+            return Ok(response);
+        }
         Plan::CompleteTwice => {
             claim
                 .respond_in(&mut tx, (status, answer.clone()))
@@ -206,14 +293,31 @@ impl Fixture {
     where
         P: StorePredicate + Clone + Send + Sync + 'static,
     {
+        self.limited_app(lease, predicate, plans, 1 << 20)
+    }
+
+    /// [`app`](Self::app) with the layer's `response_limit` set to `limit` bytes.
+    fn limited_app<P>(
+        &self,
+        lease: Duration,
+        predicate: P,
+        plans: Vec<Plan>,
+        limit: usize,
+    ) -> (Router, App)
+    where
+        P: StorePredicate + Clone + Send + Sync + 'static,
+    {
         let state = App {
             schema: self.schema.name.clone(),
             runs: Arc::default(),
             plans: Arc::new(Mutex::new(plans.into())),
             refusals: Arc::default(),
+            entered: Arc::default(),
+            gate: Arc::default(),
         };
         let layer = IdempotencyLayer::with_store(self.store.clone())
             .lease(lease)
+            .response_limit(limit)
             .store_when(predicate);
         let router = Router::new()
             .route("/charges", post(charge))
@@ -505,4 +609,191 @@ async fn a_503_returned_after_a_committed_respond_in_does_not_free_the_key() {
     );
     assert_eq!(app.runs(), 1, "the handler ran once");
     assert_eq!(fixture.charges().await, 1);
+}
+
+/// `respond_in`'s docs: "a body over the layer's response limit is not kept (later duplicates
+/// get the layer's "not replayable" answer, and never run the handler)". The handler charges
+/// and answers a `200` of 4 KiB through `respond_in` with a 64-byte `response_limit`, and
+/// commits: the first caller gets the whole body, the charge commits once, a retry gets the
+/// `409` not-replayable problem (a failure of the layer's, not a stored failure of the
+/// handler's) and never runs the handler again; a retry after the lease too. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_over_the_response_limit_through_respond_in_is_kept_as_not_replayable_and_charges_once(
+) {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (router, app) = fixture.limited_app(
+        lease,
+        tower_once_idempotency::predicate::DefaultPredicate,
+        vec![Plan::Big(4096)],
+        64,
+    );
+    let (status, replayed, body) = send(&router, "pay-big", "5").await;
+    assert_eq!((status, replayed), (StatusCode::OK, false));
+    assert_eq!(body.len(), 4096, "the first caller gets the whole body");
+    assert_eq!(fixture.charges().await, 1, "the charge committed");
+
+    let answer = support::send(&router, support::post("/charges", Some("pay-big"), "5")).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.text());
+    assert!(
+        answer.problem_type().ends_with("not-replayable"),
+        "{}",
+        answer.text()
+    );
+    // After the lease would have run out: still settled.
+    tokio::time::sleep(lease * 2).await;
+    let answer = support::send(&router, support::post("/charges", Some("pay-big"), "5")).await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.text());
+    assert!(answer.problem_type().ends_with("not-replayable"));
+    assert_eq!(app.runs(), 1, "the handler ran once");
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
+}
+
+/// `respond_in`'s docs: a response the predicate would not store, "a gRPC failure in the
+/// trailers" among them, "is returned as it is, and nothing is written: once the handler
+/// returns it, the layer releases the key". The handler answers HTTP `200` with
+/// `grpc-status: 14` (`UNAVAILABLE`) in the trailers through `respond_in`, charging nothing,
+/// and commits: the caller gets the trailers, the retry runs the handler, which charges and
+/// answers `grpc-status: 0`; a third request replays that. One charge, two runs. Holds.
+#[tokio::test]
+async fn a_grpc_unavailable_in_the_trailers_through_respond_in_is_not_stored_and_the_retry_charges_once(
+) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::Grpc(14), Plan::Grpc(0)]);
+    let res = router
+        .clone()
+        .oneshot(support::post("/charges", Some("pay-grpc"), "5"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let collected = res.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    assert_eq!(
+        trailers.as_ref().and_then(|t| t.get("grpc-status")),
+        Some(&http::HeaderValue::from_static("14")),
+        "the caller gets the failure in the trailers: {trailers:?}"
+    );
+    assert_eq!(fixture.charges().await, 0);
+
+    let (status, replayed, body) = send(&router, "pay-grpc", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::OK, false, "charge 2"),
+        "the gRPC failure was not the key's answer: the retry ran the handler"
+    );
+    let (status, replayed, body) = send(&router, "pay-grpc", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::OK, true, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
+}
+
+/// `respond_in`'s table: a record "in progress, and that transaction rolled back" makes the
+/// layer release the key at once. Two concurrent requests with one key: the first charges,
+/// writes its record through `respond_in` and holds its transaction open; the second arrives
+/// meanwhile (the row is locked: it waits on it or is answered `409`); then the first rolls
+/// back. The second (a client retrying its `409`s every 50 ms) must run the handler and charge
+/// once within a few seconds, long before the 10 s lease; a later request replays. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waiting_on_a_respond_in_that_rolls_back_charges_once_soon() {
+    let fixture = Fixture::new().await;
+    let (router, app) = fixture.default_app(LEASE, vec![Plan::HeldThenRolledBack]);
+    let first = {
+        let router = router.clone();
+        tokio::spawn(async move { send(&router, "pay-held", "5").await })
+    };
+    tokio::time::timeout(Duration::from_secs(5), app.entered.notified())
+        .await
+        .expect("the first request wrote its record");
+    let second = {
+        let router = router.clone();
+        tokio::spawn(async move {
+            let mut answer = send(&router, "pay-held", "5").await;
+            let started = std::time::Instant::now();
+            while answer.0 == StatusCode::CONFLICT && started.elapsed() < Duration::from_secs(15) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                answer = send(&router, "pay-held", "5").await;
+            }
+            answer
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = std::time::Instant::now();
+    app.gate.notify_one();
+    let (status, _, _) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "the first caller's response");
+    let (status, replayed, body) = second.await.unwrap();
+    let waited = released.elapsed();
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 2"),
+        "the duplicate ran the handler after the rollback (after {waited:?})"
+    );
+    assert!(
+        waited < LEASE / 2,
+        "the duplicate charged {waited:?} after the rollback: the key was held for the lease"
+    );
+    let (status, replayed, body) = send(&router, "pay-held", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 2")
+    );
+    assert_eq!(app.runs(), 2);
+    assert_eq!(fixture.charges().await, 1);
+    assert!(app.refusals().is_empty());
+}
+
+/// `respond_in`'s docs: use it at `READ COMMITTED`, where a handler slower than its lease is
+/// fine (the layer renews the lease every third of it). Lease 300 ms; the handler charges,
+/// waits 600 ms, writes its record through `respond_in`, waits 600 ms more with the row locked
+/// (the renewals wait on that lock), and commits. A duplicate sent 450 ms in, and another
+/// during the second wait, must not run the handler; the request answers `201`; a retry replays
+/// it. In the end: one charge, one run. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_committed_handler_slower_than_its_lease_charges_once() {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (router, app) = fixture.default_app(
+        lease,
+        vec![Plan::Slow {
+            before: lease * 2,
+            after: lease * 2,
+        }],
+    );
+    let first = {
+        let router = router.clone();
+        tokio::spawn(async move { send(&router, "pay-slow", "5").await })
+    };
+    tokio::time::sleep(lease * 3 / 2).await;
+    let (status, replayed, body) = send(&router, "pay-slow", "5").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CONFLICT, false),
+        "a duplicate past the lease while the handler runs: {body}"
+    );
+    tokio::time::sleep(lease).await;
+    let during = send(&router, "pay-slow", "5").await;
+    let (status, replayed, body) = first.await.unwrap();
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "charge 1")
+    );
+    assert!(
+        during.0 == StatusCode::CONFLICT || (during.0, during.1) == (StatusCode::CREATED, true),
+        "a duplicate while the record's row is locked: {during:?}"
+    );
+    let (status, replayed, body) = send(&router, "pay-slow", "5").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "charge 1")
+    );
+    assert_eq!(fixture.charges().await, 1);
+    assert_eq!(app.runs(), 1);
+    assert!(app.refusals().is_empty(), "{:?}", app.refusals());
 }
