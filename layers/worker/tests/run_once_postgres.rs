@@ -148,3 +148,90 @@ async fn a_delivery_paused_past_its_lease_never_commits_a_second_effect() {
     assert_eq!(fixture.effects().await, 1, "one effect committed");
     assert!(run_once.oneshot(job("1-0")).await.unwrap().is_duplicate());
 }
+
+/// A handler that writes its effect, then completes the record inside a savepoint, rolls the
+/// savepoint back and commits (the record is not in the commit), or, with `roll_back_all`,
+/// rolls the whole transaction back and still returns `Ok`.
+fn rolling_back_handler(
+    schema: String,
+    roll_back_all: bool,
+) -> (
+    impl tower::Service<Job, Response = (), Error = JobError, Future = impl Send> + Clone,
+    Arc<AtomicUsize>,
+) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let service = tower::service_fn(move |job: Job| {
+        let run = counter.fetch_add(1, SeqCst) + 1;
+        let schema = schema.clone();
+        async move {
+            let claim = job
+                .extensions()
+                .get::<Claim<PostgresStore>>()
+                .cloned()
+                .ok_or_else(|| JobError::permanent("no claim"))?;
+            let mut tx = claim.store().pool().begin().await.map_err(JobError::transient)?;
+            sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+                .bind(job.job_id().as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            if run > 1 {
+                claim.complete_in(&mut tx).await.map_err(JobError::transient)?;
+                tx.commit().await.map_err(JobError::transient)?;
+                return Ok(());
+            }
+            if roll_back_all {
+                claim.complete_in(&mut tx).await.map_err(JobError::transient)?;
+                tx.rollback().await.map_err(JobError::transient)?;
+                return Ok(());
+            }
+            sqlx::query("SAVEPOINT record").execute(&mut *tx).await.map_err(JobError::transient)?;
+            claim.complete_in(&mut tx).await.map_err(JobError::transient)?;
+            sqlx::query("ROLLBACK TO SAVEPOINT record")
+                .execute(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            tx.commit().await.map_err(JobError::transient)?;
+            Ok(())
+        }
+    });
+    (service, runs)
+}
+
+/// The layer checks the record, not a flag: a record rolled back with its savepoint (the
+/// effect committed) is recorded by the layer, so the redelivery after the lease is a
+/// duplicate: one run, one effect.
+#[tokio::test]
+async fn a_record_rolled_back_with_its_savepoint_is_recorded_by_the_layer() {
+    let fixture = Fixture::new().await;
+    let lease = Duration::from_millis(300);
+    let (handler, runs) = rolling_back_handler(fixture.schema.name.clone(), false);
+    let run_once = RunOnceLayer::new(fixture.store.clone())
+        .lease(lease)
+        .layer(handler);
+    let first = run_once.clone().oneshot(job("1-0")).await.unwrap();
+    assert!(matches!(first, RunOnceOutcome::Done(())));
+    tokio::time::sleep(lease * 2).await;
+    let again = run_once.oneshot(job("1-0")).await.unwrap();
+    assert!(again.is_duplicate(), "the redelivery ran the job again");
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (1, 1));
+}
+
+/// A handler whose whole transaction rolled back (its effect and its record) but that returned
+/// `Ok` has done nothing: the delivery is an error (left pending, not acknowledged), the claim
+/// is released at once, and the redelivery runs the job: one effect in the end.
+#[tokio::test]
+async fn a_record_rolled_back_with_its_transaction_leaves_the_job_to_run_again_at_once() {
+    let fixture = Fixture::new().await;
+    let (handler, runs) = rolling_back_handler(fixture.schema.name.clone(), true);
+    let run_once = RunOnceLayer::new(fixture.store.clone())
+        .lease(Duration::from_secs(60))
+        .layer(handler);
+    let first = run_once.clone().oneshot(job("1-0")).await;
+    assert!(first.is_err(), "acknowledged a job that did nothing: {first:?}");
+    assert_eq!(fixture.effects().await, 0);
+    let again = run_once.oneshot(job("1-0")).await.unwrap();
+    assert!(!again.is_duplicate(), "the claim was released at once, not after the lease");
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
+}
