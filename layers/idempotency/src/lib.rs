@@ -179,6 +179,8 @@ pub mod store;
 
 pub use self::body::{RequestBody, ResponseBody};
 pub use self::claim::{Claim, ClaimError};
+#[doc(hidden)]
+pub use self::claim::{JobRecord, Settled};
 pub use self::config::{IDEMPOTENCY_IN_PROGRESS, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use self::detached::Detached;
 pub use self::future::ResponseFuture;

@@ -170,24 +170,41 @@ fn rolling_back_handler(
                 .get::<Claim<PostgresStore>>()
                 .cloned()
                 .ok_or_else(|| JobError::permanent("no claim"))?;
-            let mut tx = claim.store().pool().begin().await.map_err(JobError::transient)?;
+            let mut tx = claim
+                .store()
+                .pool()
+                .begin()
+                .await
+                .map_err(JobError::transient)?;
             sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
                 .bind(job.job_id().as_str())
                 .execute(&mut *tx)
                 .await
                 .map_err(JobError::transient)?;
             if run > 1 {
-                claim.complete_in(&mut tx).await.map_err(JobError::transient)?;
+                claim
+                    .complete_in(&mut tx)
+                    .await
+                    .map_err(JobError::transient)?;
                 tx.commit().await.map_err(JobError::transient)?;
                 return Ok(());
             }
             if roll_back_all {
-                claim.complete_in(&mut tx).await.map_err(JobError::transient)?;
+                claim
+                    .complete_in(&mut tx)
+                    .await
+                    .map_err(JobError::transient)?;
                 tx.rollback().await.map_err(JobError::transient)?;
                 return Ok(());
             }
-            sqlx::query("SAVEPOINT record").execute(&mut *tx).await.map_err(JobError::transient)?;
-            claim.complete_in(&mut tx).await.map_err(JobError::transient)?;
+            sqlx::query("SAVEPOINT record")
+                .execute(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            claim
+                .complete_in(&mut tx)
+                .await
+                .map_err(JobError::transient)?;
             sqlx::query("ROLLBACK TO SAVEPOINT record")
                 .execute(&mut *tx)
                 .await
@@ -229,9 +246,15 @@ async fn a_record_rolled_back_with_its_transaction_leaves_the_job_to_run_again_a
         .lease(Duration::from_secs(60))
         .layer(handler);
     let first = run_once.clone().oneshot(job("1-0")).await;
-    assert!(first.is_err(), "acknowledged a job that did nothing: {first:?}");
+    assert!(
+        first.is_err(),
+        "acknowledged a job that did nothing: {first:?}"
+    );
     assert_eq!(fixture.effects().await, 0);
     let again = run_once.oneshot(job("1-0")).await.unwrap();
-    assert!(!again.is_duplicate(), "the claim was released at once, not after the lease");
+    assert!(
+        !again.is_duplicate(),
+        "the claim was released at once, not after the lease"
+    );
     assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
 }

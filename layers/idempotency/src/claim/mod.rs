@@ -10,8 +10,7 @@ pub(crate) use self::error::Refused;
 use crate::config::StoreRules;
 use crate::store::{ClaimToken, StoreFuture, StoreKey};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// The claim this request (or job) holds on its idempotency key: its store, key and token.
@@ -51,9 +50,9 @@ pub struct Claim<St> {
     // `postgres`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     rules: Option<Arc<dyn StoreRules>>,
-    // A job's claim: set when the handler completed the record itself, read by
+    // A job's claim: where the handler leaves the check of the record it wrote itself, read by
     // `RunOnceLayer`. A request's claim has none (the layer reads the record itself).
-    completed: Option<Arc<AtomicBool>>,
+    completed: Option<JobRecord>,
 }
 
 impl<St> fmt::Debug for Claim<St> {
@@ -85,15 +84,15 @@ impl<St> Claim<St> {
         }
     }
 
-    /// The claim of a job (for `RunOnceLayer`): `completed` is set once the handler recorded
-    /// the job as done itself, so the layer does not record it again.
+    /// The claim of a job (for `RunOnceLayer`): `record` holds, once the handler recorded the
+    /// job as done itself, how to check that record committed.
     #[doc(hidden)]
     pub fn for_job(
         store: St,
         key: StoreKey,
         token: ClaimToken,
         retention: Duration,
-        completed: Arc<AtomicBool>,
+        record: JobRecord,
     ) -> Self {
         Self {
             store,
@@ -101,7 +100,7 @@ impl<St> Claim<St> {
             token,
             retention,
             rules: None,
-            completed: Some(completed),
+            completed: Some(record),
         }
     }
 
@@ -128,15 +127,14 @@ impl<St> Claim<St> {
     /// Whether the handler already completed this job's record itself (`complete_in`); always
     /// `false` for a request's claim, whose record the layer reads instead.
     pub fn is_completed(&self) -> bool {
-        self.completed
-            .as_ref()
-            .is_some_and(|c| c.load(Ordering::Acquire))
+        self.completed.as_ref().is_some_and(JobRecord::is_written)
     }
 
+    /// Leaves the check of the job's record, written in the handler's own transaction.
     #[cfg(feature = "postgres")]
-    pub(crate) fn mark_completed(&self) {
-        if let Some(completed) = &self.completed {
-            completed.store(true, Ordering::Release);
+    pub(crate) fn written_in(&self, check: Check) {
+        if let Some(record) = &self.completed {
+            record.set(check);
         }
     }
 
@@ -156,7 +154,7 @@ impl<St> Claim<St> {
 #[derive(Clone)]
 pub(crate) struct StoredBy {
     pub(crate) token: ClaimToken,
-    pub(crate) check: Arc<dyn Fn() -> StoreFuture<Settled> + Send + Sync>,
+    pub(crate) check: Check,
 }
 
 impl fmt::Debug for StoredBy {
@@ -167,10 +165,54 @@ impl fmt::Debug for StoredBy {
     }
 }
 
+/// The read that says what became of a record a handler wrote in its own transaction.
+pub(crate) type Check = Arc<dyn Fn() -> StoreFuture<Settled> + Send + Sync>;
+
+/// Where a job's handler leaves the check of the record it wrote in its own transaction
+/// (`Claim::complete_in`), for the worker's `RunOnceLayer` to read once the handler returned.
+/// The layers' plumbing: not part of the stable API.
+#[doc(hidden)]
+#[derive(Clone, Default)]
+pub struct JobRecord(Arc<Mutex<Option<Check>>>);
+
+impl JobRecord {
+    /// Whether the handler wrote the record (in a transaction that may not have committed it).
+    pub fn is_written(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn set(&self, check: Check) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(check);
+    }
+
+    /// The read that says whether the record committed, if the handler wrote it.
+    pub fn check(&self) -> Option<StoreFuture<Settled>> {
+        let check = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        check.map(|check| check())
+    }
+}
+
+impl fmt::Debug for JobRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRecord")
+            .field("written", &self.is_written())
+            .finish()
+    }
+}
+
 /// What became of a record a handler wrote in its own transaction, read once it returned.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) enum Settled {
+pub enum Settled {
     /// Completed under this claim (or no longer this claim's, or its transaction still open):
     /// the layer writes nothing more.
     Done,

@@ -13,6 +13,8 @@ pub(super) enum Repr<E> {
     Inner(E),
     InProgress,
     Store(StoreError),
+    // The handler returned `Ok`, but its transaction rolled back the record and its effects.
+    RolledBack,
 }
 
 impl<E> RunOnceError<E> {
@@ -62,6 +64,9 @@ impl<E: fmt::Display> fmt::Display for RunOnceError<E> {
         match &self.0 {
             Repr::Inner(e) => fmt::Display::fmt(e, f),
             Repr::InProgress => f.write_str("another delivery of this job id is running"),
+            Repr::RolledBack => f.write_str(
+                "the handler returned Ok but its transaction rolled back the job's record (and its effects): left to run again",
+            ),
             Repr::Store(e) => write!(f, "run-once store: {e}"),
         }
     }
@@ -71,7 +76,7 @@ impl<E: std::error::Error + 'static> std::error::Error for RunOnceError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.0 {
             Repr::Inner(e) => Some(e),
-            Repr::InProgress => None,
+            Repr::InProgress | Repr::RolledBack => None,
             Repr::Store(e) => Some(e),
         }
     }

@@ -10,16 +10,14 @@ use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, Lease, RecordState, StoreError,
-    StoreKey, StoredResponse,
+    StoreFuture, StoreKey, StoredResponse,
 };
-use tower_once_idempotency::Claim;
+use tower_once_idempotency::{Claim, JobRecord, Settled};
 use tower_service::Service;
 
 pin_project! {
@@ -53,9 +51,14 @@ pin_project! {
             #[pin]
             renew_at: Sleep,
             lease: Lease<St>,
-            // Set when the handler completed the record in its own transaction.
-            completed: Option<Arc<AtomicBool>>,
+            // Where the handler leaves the check of the record it wrote in its own transaction.
+            completed: Option<JobRecord>,
         },
+        // The handler wrote the record in its own transaction: did that commit it?
+        Checking { check: StoreFuture<Settled>, response: Option<S::Response> },
+        // The handler returned `Ok`, but its transaction rolled back, its effects and the
+        // record with them: the claim is released and the delivery left to run again.
+        Abandoning { release: St::ReleaseFuture },
         Completing { complete: St::CompleteFuture, response: Option<S::Response> },
         Releasing { release: St::ReleaseFuture, error: Option<S::Error> },
     }
@@ -88,6 +91,8 @@ impl<S: Service<Job>, St: IdempotencyStore> fmt::Debug for ResponseFuture<S, St>
         let state = match &self.state {
             State::Claiming { .. } => "claiming",
             State::Running { .. } => "running",
+            State::Checking { .. } => "checking",
+            State::Abandoning { .. } => "abandoning",
             State::Completing { .. } => "completing",
             State::Releasing { .. } => "releasing",
         };
@@ -130,19 +135,48 @@ where
                         lease.poll_renew(renew_at, cx);
                         return Poll::Pending;
                     };
-                    match result {
-                        // The handler recorded the job as done in its own transaction.
-                        Ok(response)
-                            if completed
-                                .as_ref()
-                                .is_some_and(|c| c.load(Ordering::Acquire)) =>
-                        {
-                            return Poll::Ready(Ok(RunOnceOutcome::Done(response)));
-                        }
-                        result => {
+                    // NOTE: the handler wrote the record in its own transaction; the layer reads
+                    // the record (did that transaction commit it?), never trusting the mark.
+                    match (result, completed.as_ref().and_then(JobRecord::check)) {
+                        (Ok(response), Some(check)) => State::Checking {
+                            check,
+                            response: Some(response),
+                        },
+                        (result, _) => {
                             finish(result, this.store, *this.key, *this.token, *this.retention)
                         }
                     }
+                }
+                StateProj::Checking { check, response } => {
+                    let settled = ready!(check.as_mut().poll(cx));
+                    let Some(response) = response.take() else {
+                        tower_once_core::polled_after_completion("ResponseFuture")
+                    };
+                    match settled {
+                        Ok(Settled::Store) => finish(
+                            Ok(response),
+                            this.store,
+                            *this.key,
+                            *this.token,
+                            *this.retention,
+                        ),
+                        Ok(Settled::Release) => State::Abandoning {
+                            release: this.store.release(*this.key, *this.token),
+                        },
+                        Ok(Settled::Done) => {
+                            return Poll::Ready(Ok(RunOnceOutcome::Done(response)))
+                        }
+                        Err(error) => {
+                            // Unknown: the record may have committed with the effects. As
+                            // before the check, the handler's word stands.
+                            tracing::warn!(key = %this.key, %error, "run-once: could not read the record the handler wrote; acknowledging");
+                            return Poll::Ready(Ok(RunOnceOutcome::Done(response)));
+                        }
+                    }
+                }
+                StateProj::Abandoning { release } => {
+                    let _ = ready!(Pin::new(release).poll(cx));
+                    return Poll::Ready(Err(RunOnceError(Repr::RolledBack)));
                 }
                 StateProj::Completing { complete, response } => {
                     let stored = ready!(Pin::new(complete).poll(cx));
@@ -202,16 +236,16 @@ where
     };
     // A store the handler's transaction can write (Postgres): hand the handler its claim.
     let completed = St::COMPLETES_IN_TRANSACTION.then(|| {
-        let completed = Arc::new(AtomicBool::new(false));
+        let record = JobRecord::default();
         let (store, key, token) = lease.parts();
         job.extensions_mut().insert(Claim::for_job(
             store.clone(),
             key,
             token,
             retention,
-            Arc::clone(&completed),
+            record.clone(),
         ));
-        completed
+        record
     });
     // The handler is called after the claim, outside the worker's `call`: put the delivery's
     // deadline back in scope so a `TimeoutLayer`/`RetryLayer` inside still sees it.

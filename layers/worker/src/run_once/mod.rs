@@ -22,8 +22,12 @@
 //! whose records live in the handler's database (the Postgres store of
 //! `tower-once-idempotency`, feature `postgres`), the layer puts a
 //! [`Claim`](tower_once_idempotency::Claim) in the job's extensions, and the handler records
-//! the job as done in the transaction that writes its effects (and its outbox rows); the layer
-//! then records nothing more. The completion is fenced by the claim's token: a worker that
+//! the job as done in the transaction that writes its effects (and its outbox rows). Once the
+//! handler returns `Ok`, the layer reads the record (one read-only statement): committed with
+//! the effects, it records nothing more; rolled back with a savepoint while the effects
+//! committed, it records the job itself; rolled back with the whole transaction, the delivery
+//! is an error (left pending, the claim released at once) so the job runs again. The
+//! completion is fenced by the claim's token: a worker that
 //! stalled past its lease (SIGSTOP, a frozen Redis, a long pause) and whose job another worker
 //! took over finds its claim lost ([`ClaimError::is_lost`](tower_once_idempotency::ClaimError::is_lost))
 //! and must not commit, so the effect commits once.

@@ -154,8 +154,8 @@ impl Claim<PostgresStore> {
     }
 
     /// Records this job as done on `connection` (your transaction), fenced by the claim: for
-    /// the worker's `RunOnceLayer`, which then records nothing more once the handler returns
-    /// `Ok`. Commit after this. Fails with [`ClaimError::is_lost`] when the claim is no longer
+    /// the worker's `RunOnceLayer`, which reads the record once the handler returns `Ok` and
+    /// records nothing more when your commit included it. Commit after this. Fails with [`ClaimError::is_lost`] when the claim is no longer
     /// this delivery's (a worker paused past its lease, whose job another worker took), with
     /// [`ClaimError::is_already_completed`] when the record is already done under this claim
     /// (a second completion), and with [`ClaimError::is_store`] when a statement failed (at
@@ -170,9 +170,11 @@ impl Claim<PostgresStore> {
             http::HeaderMap::new(),
             bytes::Bytes::new(),
         );
-        self.record_on(connection, &Completion::Response(done))
+        let transaction = self
+            .record_on(connection, &Completion::Response(done))
             .await?;
-        self.mark_completed();
+        let (store, key, token) = (self.store().clone(), self.key(), self.token());
+        self.written_in(Arc::new(move || store.settled(key, token, transaction)));
         Ok(())
     }
 
