@@ -340,6 +340,17 @@ async fn send(router: &Router, key: &str, body: &'static str) -> (StatusCode, bo
     support::charge_through(router, key, body).await
 }
 
+/// Sends `key` again and asserts the stored answer is replayed: `status` and `body`, without
+/// running the handler.
+async fn assert_replays(router: &Router, key: &str, status: StatusCode, body: &str) {
+    let answer = send(router, key, "5").await;
+    assert_eq!(
+        (answer.0, answer.1, answer.2.as_str()),
+        (status, true, body),
+        "a replay of {key}"
+    );
+}
+
 const LEASE: Duration = Duration::from_secs(10);
 
 #[tokio::test]
@@ -357,11 +368,7 @@ async fn a_503_sent_through_respond_in_is_not_stored_and_the_retry_runs_the_hand
         (StatusCode::CREATED, false, "charge 2"),
         "the retry ran the handler"
     );
-    let (status, replayed, body) = send(&router, "pay-503", "5").await;
-    assert_eq!(
-        (status, replayed, body.as_str()),
-        (StatusCode::CREATED, true, "charge 2")
-    );
+    assert_replays(&router, "pay-503", StatusCode::CREATED, "charge 2").await;
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
     assert!(app.refusals().is_empty());
@@ -518,11 +525,7 @@ async fn a_record_rolled_back_with_its_savepoint_is_stored_by_the_layer_and_the_
 
     // A retry once the lease would have run out: the record is there, the charge is not repeated.
     tokio::time::sleep(lease * 2).await;
-    let (status, replayed, body) = send(&router, "pay-sp", "5").await;
-    assert_eq!(
-        (status, replayed, body.as_str()),
-        (StatusCode::CREATED, true, "charge 1")
-    );
+    assert_replays(&router, "pay-sp", StatusCode::CREATED, "charge 1").await;
     assert_eq!(app.runs(), 1);
     assert_eq!(fixture.charges().await, 1);
 }
@@ -580,11 +583,7 @@ async fn a_handler_that_panics_after_respond_in_before_its_commit_frees_the_key(
         (StatusCode::CREATED, false, "charge 2"),
         "the retry ran the handler"
     );
-    let (status, replayed, body) = send(&router, "pay-panic", "5").await;
-    assert_eq!(
-        (status, replayed, body.as_str()),
-        (StatusCode::CREATED, true, "charge 2")
-    );
+    assert_replays(&router, "pay-panic", StatusCode::CREATED, "charge 2").await;
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
 }
@@ -684,11 +683,7 @@ async fn a_grpc_unavailable_in_the_trailers_through_respond_in_is_not_stored_and
         (StatusCode::OK, false, "charge 2"),
         "the gRPC failure was not the key's answer: the retry ran the handler"
     );
-    let (status, replayed, body) = send(&router, "pay-grpc", "5").await;
-    assert_eq!(
-        (status, replayed, body.as_str()),
-        (StatusCode::OK, true, "charge 2")
-    );
+    assert_replays(&router, "pay-grpc", StatusCode::OK, "charge 2").await;
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
     assert!(app.refusals().is_empty());
@@ -739,11 +734,7 @@ async fn a_duplicate_waiting_on_a_respond_in_that_rolls_back_charges_once_soon()
         waited < LEASE / 2,
         "the duplicate charged {waited:?} after the rollback: the key was held for the lease"
     );
-    let (status, replayed, body) = send(&router, "pay-held", "5").await;
-    assert_eq!(
-        (status, replayed, body.as_str()),
-        (StatusCode::CREATED, true, "charge 2")
-    );
+    assert_replays(&router, "pay-held", StatusCode::CREATED, "charge 2").await;
     assert_eq!(app.runs(), 2);
     assert_eq!(fixture.charges().await, 1);
     assert!(app.refusals().is_empty());
@@ -788,11 +779,7 @@ async fn a_read_committed_handler_slower_than_its_lease_charges_once() {
         during.0 == StatusCode::CONFLICT || (during.0, during.1) == (StatusCode::CREATED, true),
         "a duplicate while the record's row is locked: {during:?}"
     );
-    let (status, replayed, body) = send(&router, "pay-slow", "5").await;
-    assert_eq!(
-        (status, replayed, body.as_str()),
-        (StatusCode::CREATED, true, "charge 1")
-    );
+    assert_replays(&router, "pay-slow", StatusCode::CREATED, "charge 1").await;
     assert_eq!(fixture.charges().await, 1);
     assert_eq!(app.runs(), 1);
     assert!(app.refusals().is_empty(), "{:?}", app.refusals());

@@ -50,6 +50,36 @@ impl Fixture {
     }
 }
 
+/// The job's claim, and a transaction that has written the job's effect row.
+async fn begin_effect(
+    job: &Job,
+    schema: &str,
+) -> Result<
+    (
+        Claim<PostgresStore>,
+        sqlx::Transaction<'static, sqlx::Postgres>,
+    ),
+    JobError,
+> {
+    let claim = job
+        .extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or_else(|| JobError::permanent("no claim"))?;
+    let mut tx = claim
+        .store()
+        .pool()
+        .begin()
+        .await
+        .map_err(JobError::transient)?;
+    sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+        .bind(job.job_id().as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(JobError::transient)?;
+    Ok((claim, tx))
+}
+
 /// Writes one effect row and the run-once record in one transaction, after `pause` (a
 /// blocking one: the thread stops, as in a GC pause, so the lease is not renewed) for the
 /// first run, and fails before the commit when `fail_first`.
@@ -67,22 +97,7 @@ fn handler(
         let run = counter.fetch_add(1, SeqCst) + 1;
         let schema = schema.clone();
         async move {
-            let claim = job
-                .extensions()
-                .get::<Claim<PostgresStore>>()
-                .cloned()
-                .ok_or_else(|| JobError::permanent("no claim"))?;
-            let mut tx = claim
-                .store()
-                .pool()
-                .begin()
-                .await
-                .map_err(JobError::transient)?;
-            sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
-                .bind(job.job_id().as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(JobError::transient)?;
+            let (claim, mut tx) = begin_effect(&job, &schema).await?;
             if run == 1 {
                 std::thread::sleep(pause);
                 if fail_first {
@@ -165,22 +180,7 @@ fn rolling_back_handler(
         let run = counter.fetch_add(1, SeqCst) + 1;
         let schema = schema.clone();
         async move {
-            let claim = job
-                .extensions()
-                .get::<Claim<PostgresStore>>()
-                .cloned()
-                .ok_or_else(|| JobError::permanent("no claim"))?;
-            let mut tx = claim
-                .store()
-                .pool()
-                .begin()
-                .await
-                .map_err(JobError::transient)?;
-            sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
-                .bind(job.job_id().as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(JobError::transient)?;
+            let (claim, mut tx) = begin_effect(&job, &schema).await?;
             if run > 1 {
                 claim
                     .complete_in(&mut tx)
