@@ -301,9 +301,10 @@ fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
     let redis = RedisServer::start();
     let db = Database::create();
     let binary = support::example_binary_with("pipeline", "worker outbox postgres");
-    // The process listens on three ports from `base`; only the first was found free, so a
-    // test running beside this one may hold the others: then it exits, and it is started
-    // again on other ports.
+    // The process binds three ports from `base` and prints a line once all three accept
+    // connections; only the first was found free, so a test running beside this one may hold
+    // the others: then it exits at once, and it is started again on other ports.
+    let log = std::env::temp_dir().join(format!("pipeline-all-{}.log", std::process::id()));
     let (mut child, base) = (0..5)
         .find_map(|_| {
             let base = free_port();
@@ -311,24 +312,31 @@ fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
                 .args(["all", "--redis", &redis.url(), "--postgres", &db.url()])
                 .args(["--addr", &format!("127.0.0.1:{base}")])
                 .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(std::fs::File::create(&log).expect("log file"))
                 .spawn()
                 .expect("start");
-            let started = Instant::now();
-            let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-            loop {
-                if [base, base + 1, base + 2].into_iter().all(listening) {
-                    return Some((child, base));
+            let stdout = child.stdout.take().expect("piped stdout");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                let first = std::io::BufReader::new(stdout).lines().next();
+                let _ = tx.send(matches!(first, Some(Ok(line)) if line.starts_with("listening")));
+            });
+            match rx.recv_timeout(LIMIT) {
+                Ok(true) => Some((child, base)),
+                Ok(false) => {
+                    let _ = child.wait();
+                    None
                 }
-                if child.try_wait().expect("wait").is_some() {
-                    return None;
-                }
-                assert!(started.elapsed() < LIMIT, "nothing listens on {base}..+2");
-                std::thread::sleep(Duration::from_millis(20));
+                Err(_) => panic!("nothing listens on {base}..+2 after {LIMIT:?}"),
             }
         })
         .expect("five tries found no three free ports");
+    let log_on_failure = |what: &str| {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        format!("{what}; the process's log:\n{log}")
+    };
     let body = r#"{"text":"all in one","notify":"a@example.com"}"#;
     let (status, _) = http(
         "POST",
@@ -342,9 +350,11 @@ fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
     );
     assert_eq!(status, 202);
     let mailer = format!("http://127.0.0.1:{}/emails", base + 2);
-    eventually("the email", || {
-        http("GET", &mailer, &[], "").1.contains("a@example.com")
-    });
+    let started = Instant::now();
+    while !http("GET", &mailer, &[], "").1.contains("a@example.com") {
+        assert!(started.elapsed() < LIMIT, "{}", log_on_failure("no email"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
@@ -356,7 +366,12 @@ fn the_all_role_runs_the_pipeline_in_one_process_and_stops_on_sigterm() {
         assert!(started.elapsed() < LIMIT, "no exit after SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(status.success(), "{status:?}");
+    assert!(
+        status.success(),
+        "{}",
+        log_on_failure(&format!("{status:?}"))
+    );
+    let _ = std::fs::remove_file(&log);
 }
 
 /// A text or address holding a NUL character (valid JSON, `"\u0000"`, which Postgres `TEXT`

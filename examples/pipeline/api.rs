@@ -11,7 +11,6 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use std::future::Future;
-use std::net::SocketAddr;
 use tower_once::idempotency::scope::HeaderScope;
 use tower_once::idempotency::store::redis::RedisStore;
 use tower_once::idempotency::store::StoreKey;
@@ -36,7 +35,7 @@ struct NewSummary {
 
 pub(crate) async fn serve(
     args: &Args,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
     let (pool, _) = db::connect(&args.postgres, false).await?;
@@ -55,7 +54,7 @@ pub(crate) async fn serve(
         .route("/v1/summaries", post(create).layer(idempotency))
         .route("/v1/summaries/{job_id}", get(read))
         .with_state(app);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "api listening");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)

@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::HashSet;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tower_once::idempotency::{IdempotencyLayer, IDEMPOTENCY_KEY};
@@ -38,7 +37,7 @@ struct Outgoing {
 }
 
 pub(crate) async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
     let mailbox = Mailbox::default();
@@ -54,7 +53,7 @@ pub(crate) async fn serve(
         .route("/emails", get(emails))
         .route("/deliveries", get(deliveries))
         .with_state(mailbox);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "mailer listening");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)

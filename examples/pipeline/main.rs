@@ -22,7 +22,8 @@
 //! `pipeline <role> --redis URL --postgres URL [--addr ADDR] [--model URL] [--mailer URL]
 //! [--claim-idle-ms N] [--max-deliveries N]`, role one of `api`, `worker`, `relay`, `model`,
 //! `mailer`, `all` (everything in one process: api on `--addr` (default 127.0.0.1:3000), the
-//! model on the next port, the mailer on the one after). Each role runs until SIGTERM or
+//! model on the next port, the mailer on the one after; it prints `listening api=… model=…
+//! mailer=…` once all three are bound, and exits if one is taken). Each role runs until SIGTERM or
 //! SIGINT, shuts down gracefully and creates the tables it needs on start. `--claim-idle-ms`
 //! is the worker's `claim_idle` and the relay's lease. More options for tests and tuning:
 //! `--model-timeout-ms 5000` (one model call), `--job-deadline-ms 12000` (one delivery),
@@ -70,13 +71,19 @@ async fn run(args: Args) -> Result<(), BoxError> {
     // SIGTERM or SIGINT, installed before any role says it is up.
     let shutdown = tower_once::shutdown_signal();
     match args.role {
-        Role::Api => api::serve(&args, args.addr, shutdown).await,
+        Role::Api => api::serve(&args, bind(args.addr).await?, shutdown).await,
         Role::Worker => worker::run(&args, shutdown).await,
         Role::Relay => relay::run(&args, shutdown).await,
-        Role::Model => model::serve(args.addr, shutdown).await,
-        Role::Mailer => mailer::serve(args.addr, shutdown).await,
+        Role::Model => model::serve(bind(args.addr).await?, shutdown).await,
+        Role::Mailer => mailer::serve(bind(args.addr).await?, shutdown).await,
         Role::All => all(args, shutdown).await,
     }
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener, BoxError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}").into())
 }
 
 /// Every role in one process, on consecutive ports.
@@ -86,26 +93,46 @@ async fn all(mut args: Args, shutdown: tower_once::ShutdownSignal) -> Result<(),
     let mailer_addr = args::next_port(api_addr, 2)?;
     args.model = format!("http://{model_addr}");
     args.mailer = format!("http://{mailer_addr}");
+    // Every port is bound before any role starts: one already taken ends the process at once
+    // (rather than leaving the others running against someone else's server), and the line
+    // below is printed only once all three accept connections.
+    let (api_listener, model_listener, mailer_listener) = (
+        bind(api_addr).await?,
+        bind(model_addr).await?,
+        bind(mailer_addr).await?,
+    );
+    println!("listening api={api_addr} model={model_addr} mailer={mailer_addr}");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    // A role that fails stops the others: the process exits with its error rather than
+    // running on without it.
+    let stop_on_error = |result: Result<(), BoxError>| {
+        if result.is_err() {
+            let _ = stop.send(true);
+        }
+        result
+    };
     // Joined, not spawned: every role runs on this task's runtime until its own shutdown.
     let roles = async {
         tokio::join!(
-            model::serve(model_addr, wait(stopped.clone())),
-            mailer::serve(mailer_addr, wait(stopped.clone())),
-            api::serve(&args, api_addr, wait(stopped.clone())),
-            worker::run(&args, wait(stopped.clone())),
-            relay::run(&args, wait(stopped.clone())),
+            async { stop_on_error(model::serve(model_listener, wait(stopped.clone())).await) },
+            async { stop_on_error(mailer::serve(mailer_listener, wait(stopped.clone())).await) },
+            async { stop_on_error(api::serve(&args, api_listener, wait(stopped.clone())).await) },
+            async { stop_on_error(worker::run(&args, wait(stopped.clone())).await) },
+            async { stop_on_error(relay::run(&args, wait(stopped.clone())).await) },
         )
     };
     tracing::info!(%api_addr, %model_addr, %mailer_addr, "pipeline running");
-    let stop_on_signal = async {
-        shutdown.await;
-        let _ = stop.send(true);
+    tokio::pin!(roles);
+    let (model, mailer, api, worker, relay) = tokio::select! {
+        results = &mut roles => results,
+        () = shutdown => {
+            let _ = stop.send(true);
+            roles.await
+        }
     };
-    let ((model, mailer, api, worker, relay), ()) = tokio::join!(roles, stop_on_signal);
     model?;
     mailer?;
     api?;

@@ -11,7 +11,6 @@ use serde::Deserialize;
 use serde_json::json;
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tower_once::worker::BoxError;
@@ -41,14 +40,14 @@ struct CallsQuery {
 }
 
 pub(crate) async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
     let router = Router::new()
         .route("/v1/summarize", post(summarize))
         .route("/calls", get(calls))
         .with_state(Calls::default());
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "model listening");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
