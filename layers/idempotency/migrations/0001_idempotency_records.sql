@@ -72,3 +72,20 @@ BEGIN
     RAISE EXCEPTION 'idempotency claim: the record changed under each of sixteen tries';
 END
 $$;
+-- A transactional store's claim (PostgresStore::transactional): called as the handler's
+-- transaction begins, it takes the key's transaction-scoped advisory lock (held until that
+-- transaction commits or rolls back, a crash or a lost connection included) and fails at once
+-- when another transaction holds it (SQLSTATE TO409: a duplicate in progress), or when a live
+-- record committed since the caller looked (TO200: read it again).
+CREATE OR REPLACE FUNCTION idempotency_records_lock(p_key bytea, p_lock int8)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(p_lock) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TO409', MESSAGE = 'idempotency key in progress';
+    END IF;
+    IF EXISTS (SELECT 1 FROM idempotency_records AS r
+               WHERE r.key = p_key AND r.expires_at > clock_timestamp()) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TO200', MESSAGE = 'idempotency record exists';
+    END IF;
+END
+$$;

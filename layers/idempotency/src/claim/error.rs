@@ -18,6 +18,7 @@ enum Kind {
     AlreadyCompleted,
     Store(StoreError),
     Body(Box<dyn StdError + Send + Sync>),
+    Misused(&'static str),
 }
 
 impl ClaimError {
@@ -34,6 +35,12 @@ impl ClaimError {
     pub(crate) fn store(error: StoreError) -> Self {
         Self {
             kind: Kind::Store(error),
+        }
+    }
+
+    pub(crate) fn misused(what: &'static str) -> Self {
+        Self {
+            kind: Kind::Misused(what),
         }
     }
 
@@ -69,6 +76,13 @@ impl ClaimError {
     pub fn is_body(&self) -> bool {
         matches!(self.kind, Kind::Body(_))
     }
+
+    /// The claim was used in a way its store does not support (the message says which):
+    /// `Claim::transaction` on a store that is not transactional or taken twice, `respond_in`
+    /// or `complete_in` on a transactional store, another claim's transaction.
+    pub fn is_misused(&self) -> bool {
+        matches!(self.kind, Kind::Misused(_))
+    }
 }
 
 impl fmt::Display for ClaimError {
@@ -84,6 +98,7 @@ impl fmt::Display for ClaimError {
             ),
             Kind::Store(error) => write!(f, "could not complete the idempotency claim: {error}"),
             Kind::Body(error) => write!(f, "the response body failed while being stored: {error}"),
+            Kind::Misused(what) => write!(f, "idempotency claim misused: {what}"),
         }
     }
 }
@@ -91,7 +106,7 @@ impl fmt::Display for ClaimError {
 impl StdError for ClaimError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match &self.kind {
-            Kind::Lost | Kind::AlreadyCompleted => None,
+            Kind::Lost | Kind::AlreadyCompleted | Kind::Misused(_) => None,
             Kind::Store(error) => Some(error),
             Kind::Body(error) => Some(error.as_ref()),
         }
@@ -109,7 +124,9 @@ impl axum::response::IntoResponse for ClaimError {
         let status = match self.kind {
             Kind::Lost => http::StatusCode::CONFLICT,
             Kind::Store(_) => http::StatusCode::SERVICE_UNAVAILABLE,
-            Kind::AlreadyCompleted | Kind::Body(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::AlreadyCompleted | Kind::Body(_) | Kind::Misused(_) => {
+                http::StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         let mut response = (status, self.to_string()).into_response();
         response.extensions_mut().insert(Refused);

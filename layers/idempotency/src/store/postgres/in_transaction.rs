@@ -12,6 +12,14 @@ use std::ops::DerefMut;
 use std::sync::Arc;
 use tower_once_core::body::{BufferedBody, Collected, Collector};
 
+/// A handler's response, prepared for storing by the layer's rules.
+pub(super) struct Prepared {
+    pub(super) parts: http::response::Parts,
+    pub(super) body: Body,
+    /// `None`: the layer's rules do not store this response.
+    pub(super) completion: Option<Completion>,
+}
+
 impl Claim<PostgresStore> {
     /// Stores `response` as this request's record on `connection` (your transaction: a
     /// `sqlx::Transaction`, or any connection; pass `&mut tx`), fenced
@@ -101,48 +109,21 @@ impl Claim<PostgresStore> {
         C: DerefMut<Target = PgConnection> + Send,
         R: IntoResponse,
     {
-        let (mut parts, body) = response.into_response().into_parts();
-        let rules = self.rules();
-        if !rules.should_store(&parts) {
+        if self.store().is_transactional() {
+            return Err(ClaimError::misused(
+                "this store opens the handler's transaction: take it with Claim::transaction \
+                 and finish it with Claim::commit",
+            ));
+        }
+        let Prepared {
+            mut parts,
+            body,
+            completion,
+        } = self.prepare(response).await?;
+        let Some(completion) = completion else {
             // NOTE: the layer releases the key for this response by the same rules once the
             // handler returns it, since it carries no mark of a stored record.
             return Ok(Response::from_parts(parts, body));
-        }
-        let mut body = Box::pin(body);
-        let mut collector = Collector::default();
-        let mut trailers = None;
-        let collected = poll_fn(|cx| {
-            collector.poll_collect(body.as_mut(), rules.response_limit(), &mut trailers, cx)
-        })
-        .await;
-        let (completion, body) = match collected {
-            Collected::Complete => {
-                let data = collector.finish();
-                if trailers
-                    .as_ref()
-                    .is_some_and(|t| !rules.should_store_trailers(t))
-                {
-                    // E.g. a gRPC `UNAVAILABLE` in the trailers: released, like the status.
-                    let body = BufferedBody::<Body>::full_with_trailers(data, trailers);
-                    return Ok(Response::from_parts(parts, Body::new(body)));
-                }
-                let stored = StoredResponse {
-                    status: parts.status,
-                    headers: storable_headers(&parts.headers, rules.strip_headers()),
-                    body: data.clone(),
-                    trailers: trailers.clone(),
-                };
-                let body = Body::new(BufferedBody::<Body>::full_with_trailers(data, trailers));
-                (Completion::Response(stored), body)
-            }
-            Collected::Over(data) => {
-                let prefix = collector.finish_with(data);
-                (
-                    Completion::NotReplayable,
-                    Body::new(BufferedBody::prefixed(prefix, body)),
-                )
-            }
-            Collected::Failed(error) => return Err(ClaimError::body(error)),
         };
         let transaction = self.record_on(connection, &completion).await?;
         let (store, key, token) = (self.store().clone(), self.key(), self.token());
@@ -165,6 +146,12 @@ impl Claim<PostgresStore> {
     where
         C: DerefMut<Target = PgConnection> + Send,
     {
+        if self.store().is_transactional() {
+            return Err(ClaimError::misused(
+                "this store opens the handler's transaction: take it with Claim::transaction \
+                 and finish it with Claim::commit",
+            ));
+        }
         let done = StoredResponse::new(
             http::StatusCode::OK,
             http::HeaderMap::new(),
@@ -176,6 +163,68 @@ impl Claim<PostgresStore> {
         let (store, key, token) = (self.store().clone(), self.key(), self.token());
         self.written_in(Arc::new(move || store.settled(key, token, transaction)));
         Ok(())
+    }
+
+    /// The response as the layer would store it: its record (`None` when the layer's rules
+    /// do not store it) and the response to return, its body read up to the limit.
+    pub(super) async fn prepare<R: IntoResponse>(
+        &self,
+        response: R,
+    ) -> Result<Prepared, ClaimError> {
+        let (parts, body) = response.into_response().into_parts();
+        let rules = self.rules();
+        if !rules.should_store(&parts) {
+            return Ok(Prepared {
+                parts,
+                body,
+                completion: None,
+            });
+        }
+        let mut body = Box::pin(body);
+        let mut collector = Collector::default();
+        let mut trailers = None;
+        let collected = poll_fn(|cx| {
+            collector.poll_collect(body.as_mut(), rules.response_limit(), &mut trailers, cx)
+        })
+        .await;
+        let (completion, body) = match collected {
+            Collected::Complete => {
+                let data = collector.finish();
+                if trailers
+                    .as_ref()
+                    .is_some_and(|t| !rules.should_store_trailers(t))
+                {
+                    // E.g. a gRPC `UNAVAILABLE` in the trailers: released, like the status.
+                    let body = BufferedBody::<Body>::full_with_trailers(data, trailers);
+                    return Ok(Prepared {
+                        parts,
+                        body: Body::new(body),
+                        completion: None,
+                    });
+                }
+                let stored = StoredResponse {
+                    status: parts.status,
+                    headers: storable_headers(&parts.headers, rules.strip_headers()),
+                    body: data.clone(),
+                    trailers: trailers.clone(),
+                };
+                let body = Body::new(BufferedBody::<Body>::full_with_trailers(data, trailers));
+                (Completion::Response(stored), body)
+            }
+            Collected::Over(data) => {
+                let prefix = collector.finish_with(data);
+                (
+                    Completion::NotReplayable,
+                    Body::new(BufferedBody::prefixed(prefix, body)),
+                )
+            }
+            Collected::Failed(error) => return Err(ClaimError::body(error)),
+        };
+        Ok(Prepared {
+            parts,
+            body,
+            completion: Some(completion),
+        })
     }
 
     async fn record_on(

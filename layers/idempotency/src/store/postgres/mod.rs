@@ -60,16 +60,21 @@
 
 mod error;
 mod handler_record;
+mod handler_transaction;
 mod in_transaction;
 mod row;
 mod schema;
+mod slots;
+mod transactional;
 
 pub(crate) use self::error::from_sqlx;
 pub(crate) use self::handler_record::{CompletedOn, Transaction};
 pub use self::schema::DEFAULT_TABLE;
+pub use self::transactional::ClaimTransaction;
 
 use self::row::{decode_claim, header_columns};
 use self::schema::Queries;
+use self::slots::Slots;
 use super::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, StoreError, StoreFuture, StoreKey,
 };
@@ -90,12 +95,17 @@ pub use ::sqlx;
 pub struct PostgresStore {
     pool: PgPool,
     shared: Arc<Shared>,
+    // The transactions transactional claims opened, waiting for their handlers.
+    slots: Arc<Slots>,
 }
 
 struct Shared {
     table: TableName,
     queries: Queries,
     timeout: Duration,
+    transactional: bool,
+    // Mixed into each key's advisory lock, so that two tables never share one.
+    table_hash: i64,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -103,6 +113,7 @@ impl fmt::Debug for PostgresStore {
         f.debug_struct("PostgresStore")
             .field("table", &self.shared.queries.table)
             .field("timeout", &self.shared.timeout)
+            .field("transactional", &self.shared.transactional)
             .finish_non_exhaustive()
     }
 }
@@ -115,9 +126,12 @@ impl PostgresStore {
             pool,
             shared: Arc::new(Shared {
                 queries: Queries::new(&table),
+                table_hash: table_hash(&table),
                 table,
                 timeout: Duration::from_secs(1),
+                transactional: false,
             }),
+            slots: Arc::default(),
         }
     }
 
@@ -143,6 +157,7 @@ impl PostgresStore {
         let table = TableName::parse(name)?;
         Ok(self.map_shared(|shared| {
             shared.queries = Queries::new(&table);
+            shared.table_hash = table_hash(&table);
             shared.table = table;
         }))
     }
@@ -159,6 +174,24 @@ impl PostgresStore {
             "PostgresStore::command_timeout must not be zero"
         );
         self.map_shared(|shared| shared.timeout = timeout)
+    }
+
+    /// One transaction per fresh request: each claim of an absent key opens the handler's
+    /// transaction and takes the key's lock in it (a transaction-scoped advisory lock); the
+    /// handler writes its effects on that transaction ([`Claim::transaction`](crate::Claim::transaction))
+    /// and [`Claim::commit`](crate::Claim::commit) inserts the completed record and commits,
+    /// so claim, effects and record are one commit. See the [module docs](self#one-transaction-per-fresh-request).
+    ///
+    /// Each claimed request holds a pooled connection, and a transaction, until its handler
+    /// commits or returns: size the pool for the keyed requests in flight, and keep slow
+    /// calls to other services out of such handlers (or use the default two-step claim).
+    pub fn transactional(self) -> Self {
+        self.map_shared(|shared| shared.transactional = true)
+    }
+
+    /// Whether claims open the handler's transaction ([`transactional`](Self::transactional)).
+    pub fn is_transactional(&self) -> bool {
+        self.shared.transactional
     }
 
     /// The SQL [`migrate`](Self::migrate) runs, for this store's table name: for your own
@@ -199,6 +232,8 @@ impl PostgresStore {
             table: self.shared.table.clone(),
             queries: Queries::new(&self.shared.table),
             timeout: self.shared.timeout,
+            transactional: self.shared.transactional,
+            table_hash: self.shared.table_hash,
         };
         f(&mut shared);
         self.shared = Arc::new(shared);
@@ -220,6 +255,17 @@ impl PostgresStore {
             }
         })
     }
+}
+
+/// FNV-1a of the table's name: stable across processes and versions.
+fn table_hash(table: &TableName) -> i64 {
+    let hash = table
+        .qualified()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    i64::from_ne_bytes(hash.to_ne_bytes())
 }
 
 fn default_table() -> TableName {
@@ -284,6 +330,11 @@ impl IdempotencyStore for PostgresStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Self::ClaimFuture {
+        if self.shared.transactional {
+            let store = self.clone();
+            return self
+                .bounded(move |_, _| store.claim_in_transaction(key, token, fingerprint, lease));
+        }
         self.bounded(move |pool, shared| async move {
             let row = sqlx::query(&shared.queries.claim)
                 .bind(key.as_bytes().as_slice())
@@ -304,6 +355,11 @@ impl IdempotencyStore for PostgresStore {
         completion: Completion,
         retention: Duration,
     ) -> Self::CompleteFuture {
+        if self.shared.transactional {
+            let store = self.clone();
+            return self
+                .bounded(move |_, _| store.complete_in_transaction(token, completion, retention));
+        }
         self.bounded(move |pool, shared| async move {
             let query = &shared.queries.complete;
             let statement = completion_statement(query, &key, token, &completion, retention);
@@ -312,6 +368,10 @@ impl IdempotencyStore for PostgresStore {
     }
 
     fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
+        if self.shared.transactional {
+            let released = self.release_in_transaction(token);
+            return Box::pin(std::future::ready(Ok(released)));
+        }
         self.bounded(move |pool, shared| async move {
             let done = sqlx::query(&shared.queries.release)
                 .bind(key.as_bytes().as_slice())
@@ -323,6 +383,11 @@ impl IdempotencyStore for PostgresStore {
     }
 
     fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
+        if self.shared.transactional {
+            // The lock lives as long as the transaction: only the entry's lease is renewed.
+            let held = self.slots.extend(token, lease);
+            return Box::pin(std::future::ready(Ok(held)));
+        }
         self.bounded(move |pool, shared| async move {
             sqlx::query_scalar::<_, bool>(&shared.queries.extend)
                 .bind(key.as_bytes().as_slice())

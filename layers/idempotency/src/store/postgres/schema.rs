@@ -24,6 +24,9 @@ pub(super) struct Queries {
     pub(super) table: String,
     pub(super) migrate: String,
     pub(super) claim: String,
+    pub(super) live: String,
+    pub(super) lock_function: String,
+    pub(super) record: String,
     pub(super) complete: String,
     pub(super) complete_in: String,
     pub(super) inspect: String,
@@ -59,6 +62,34 @@ impl Queries {
                  WHERE NOT EXISTS (SELECT 1 FROM live)",
                 table.schema_prefix(),
                 table.name()
+            ),
+            // NOTE: the transactional claim's first read: a live record (replay, conflict,
+            // mismatch) answers without a transaction; none opens the handler's transaction.
+            live: format!(
+                "SELECT false AS claimed, state, fingerprint, \
+                   greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::int8 \
+                     AS lease_ms, \
+                   status, header_names, header_values, body, trailer_names, trailer_values \
+                 FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            lock_function: format!("{}{}_lock", table.schema_prefix(), table.name()),
+            // NOTE: the transactional record, inserted completed in the handler's transaction
+            // under the key's lock. An expired row is replaced; a live one (written by a claim
+            // that did not take the lock: another store mode on the same table) is not, and
+            // the caller rolls back.
+            record: format!(
+                "INSERT INTO {t} AS r (key, token, state, expires_at, status, header_names, \
+                   header_values, body, trailer_names, trailer_values, fingerprint, claimed_at, \
+                   completed_at) \
+                 VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond', $5, $6, \
+                   $7, $8, $9, $10, $11, clock_timestamp(), clock_timestamp()) \
+                 ON CONFLICT (key) DO UPDATE SET token = excluded.token, state = excluded.state, \
+                   expires_at = excluded.expires_at, status = excluded.status, \
+                   header_names = excluded.header_names, header_values = excluded.header_values, \
+                   body = excluded.body, trailer_names = excluded.trailer_names, \
+                   trailer_values = excluded.trailer_values, fingerprint = excluded.fingerprint, \
+                   claimed_at = excluded.claimed_at, completed_at = excluded.completed_at \
+                 WHERE r.expires_at <= clock_timestamp()"
             ),
             complete: format!("UPDATE {t} SET {columns} WHERE {FENCE}"),
             // NOTE: in the handler's transaction, the completion also answers which top-level
@@ -124,6 +155,7 @@ fn render_migration(table: &TableName) -> String {
             "idempotency_records_claim",
             &format!("{prefix}{name}_claim"),
         )
+        .replace("idempotency_records_lock", &format!("{prefix}{name}_lock"))
         .replace("idempotency_records", &qualified)
         .replace('\u{0}', "")
 }
@@ -159,6 +191,7 @@ mod tests {
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.idem ("));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS idem_expires ON app.idem (expires_at)"));
         assert!(sql.contains("FUNCTION app.idem_claim("));
+        assert!(sql.contains("FUNCTION app.idem_lock("));
         assert!(sql.contains("INSERT INTO app.idem AS r"));
         assert!(!sql.contains("idempotency_records"), "{sql}");
         assert!(Queries::new(&table)

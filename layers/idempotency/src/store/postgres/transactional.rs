@@ -1,0 +1,260 @@
+//! One transaction per fresh request ([`PostgresStore::transactional`]): the claim opens the
+//! handler's transaction and takes the key's lock in it; the record is inserted completed in
+//! that same transaction, so claim, effects and record commit together, and a crash or a
+//! rollback frees the key at once.
+
+use super::row::decode_claim;
+use super::slots::{Slot, Slots};
+use super::{completion_statement, millis, PostgresStore};
+use crate::fingerprint::Fingerprint;
+use crate::store::{ClaimOutcome, ClaimToken, Completion, ExistingRecord, RecordState, StoreKey};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgTransactionManager;
+use sqlx::{Executor, PgConnection, Postgres, TransactionManager};
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// SQLSTATE of the lock function: another transaction holds the key's lock.
+const BUSY: &str = "TO409";
+/// SQLSTATE of the lock function: a live record committed since the first read.
+const EXISTS: &str = "TO200";
+/// How many times a claim reads again when a record committed between its read and its lock.
+const TRIES: usize = 3;
+
+/// The transaction a transactional claim opened for the handler, holding the key's lock:
+/// write your effects on it (`&mut *tx` is a `&mut PgConnection`, as with a
+/// `sqlx::Transaction`) and finish it with [`Claim::commit`](crate::Claim::commit), which
+/// writes the record and commits, in one transaction with your effects.
+///
+/// It has no `commit` of its own, so that effects never commit without their record. Dropped
+/// without [`Claim::commit`](crate::Claim::commit) (an error returned with `?`, a panic, a
+/// dropped request), it rolls back: the effects and the lock go, and a retry runs the handler
+/// again at once. Savepoints work as on any connection (`sqlx::Acquire::begin(&mut *tx)`).
+pub struct ClaimTransaction {
+    conn: PoolConnection<Postgres>,
+    key: StoreKey,
+    token: ClaimToken,
+    fingerprint: Fingerprint,
+    slots: Weak<Slots>,
+    open: bool,
+}
+
+impl fmt::Debug for ClaimTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimTransaction")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deref for ClaimTransaction {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl DerefMut for ClaimTransaction {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for ClaimTransaction {
+    fn drop(&mut self) {
+        if self.open {
+            // Queued, sent with the connection's next use (the pool's check on its return),
+            // as `sqlx::Transaction` does; the lock goes with it.
+            PgTransactionManager::start_rollback(&mut self.conn);
+            if let Some(slots) = self.slots.upgrade() {
+                slots.rolled_back(self.token);
+            }
+        }
+    }
+}
+
+impl ClaimTransaction {
+    pub(crate) fn token(&self) -> ClaimToken {
+        self.token
+    }
+
+    /// Inserts the completed record and commits. `Ok(false)`: a live record of another claim
+    /// holds the key (it was written without the lock), and nothing committed.
+    pub(crate) async fn record_and_commit(
+        mut self,
+        store: &PostgresStore,
+        completion: &Completion,
+        retention: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let query = &store.shared.queries.record;
+        let inserted = completion_statement(query, &self.key, self.token, completion, retention)
+            .bind(self.fingerprint.as_bytes().as_slice())
+            .execute(&mut *self.conn)
+            .await?
+            .rows_affected();
+        if inserted != 1 {
+            return Ok(false);
+        }
+        self.commit().await?;
+        Ok(true)
+    }
+
+    /// Commits what the handler wrote, without a record.
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        // NOTE: open until the commit succeeded, as `sqlx::Transaction` does: a failed (or
+        // dropped) commit leaves sqlx counting a transaction on the connection, and the drop's
+        // queued rollback ends that count, so the pooled connection begins cleanly next time.
+        PgTransactionManager::commit(&mut self.conn).await?;
+        self.open = false;
+        if let Some(slots) = self.slots.upgrade() {
+            slots.committed(self.token);
+        }
+        Ok(())
+    }
+}
+
+/// A connection whose transaction is being opened: closed, not returned to the pool, if the
+/// claim is dropped half-way (its transaction state would be unknown).
+struct Opening(Option<PoolConnection<Postgres>>);
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
+impl PostgresStore {
+    /// The transactional claim: a live record answers as it is; otherwise a transaction is
+    /// opened with the key's lock and parked for the handler under `token`.
+    pub(super) async fn claim_in_transaction(
+        self,
+        key: StoreKey,
+        token: ClaimToken,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, sqlx::Error> {
+        let queries = &self.shared.queries;
+        for _ in 0..TRIES {
+            let live = sqlx::query(&queries.live)
+                .bind(key.as_bytes().as_slice())
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = live {
+                return decode_claim(&row).map_err(|e| sqlx::Error::Decode(Box::new(e)));
+            }
+            let mut opening = Opening(Some(self.pool.acquire().await?));
+            let Some(conn) = opening.0.as_mut() else {
+                unreachable!("just set")
+            };
+            match PgTransactionManager::begin(conn, Some(self.begin_statement(&key, lease))).await {
+                Ok(()) => {
+                    let Some(conn) = opening.0.take() else {
+                        unreachable!("just set")
+                    };
+                    let tx = ClaimTransaction {
+                        conn,
+                        key,
+                        token,
+                        fingerprint,
+                        slots: Arc::downgrade(&self.slots),
+                        open: true,
+                    };
+                    self.slots.park(token, tx, lease);
+                    return Ok(ClaimOutcome::Claimed);
+                }
+                Err(error) => {
+                    let code = error
+                        .as_database_error()
+                        .and_then(|e| e.code())
+                        .map(Cow::into_owned);
+                    if !matches!(code.as_deref(), Some(BUSY | EXISTS)) {
+                        return Err(error);
+                    }
+                    // The lock function failed the transaction; sqlx does not know it opened
+                    // one, so it is ended here before the connection goes back.
+                    conn.execute("ROLLBACK").await?;
+                    opening.0 = None;
+                    if code.as_deref() == Some(BUSY) {
+                        // NOTE: the request holding the key keeps no row until it commits, so
+                        // there is no fingerprint to compare with: any body gets `409` while
+                        // it runs (and `422` once its record committed, if it differs).
+                        return Ok(ClaimOutcome::Existing(ExistingRecord {
+                            fingerprint,
+                            state: RecordState::InProgress {
+                                lease_remaining: lease,
+                            },
+                        }));
+                    }
+                }
+            }
+        }
+        Err(sqlx::Error::Protocol(
+            "idempotency claim: a record committed under each of three tries".into(),
+        ))
+    }
+
+    /// `BEGIN`, the idle bound and the lock, as one simple query: one round trip. Every value
+    /// is a number or hex digits, so nothing from the request is spliced into the SQL.
+    fn begin_statement(&self, key: &StoreKey, lease: Duration) -> Cow<'static, str> {
+        let idle = millis(lease).min(i64::from(i32::MAX));
+        let hex: String = key.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        let lock = self.lock_id(key);
+        Cow::Owned(format!(
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle}; \
+             SELECT {}(decode('{hex}', 'hex'), {lock})",
+            self.shared.queries.lock_function
+        ))
+    }
+
+    /// The key's advisory lock: its first 8 bytes (a hash already) mixed with the table's name,
+    /// so that two tables' records never share a lock.
+    fn lock_id(&self, key: &StoreKey) -> i64 {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&key.as_bytes()[..8]);
+        i64::from_be_bytes(first) ^ self.shared.table_hash
+    }
+
+    /// The layer's completion of a transactional claim.
+    pub(super) async fn complete_in_transaction(
+        self,
+        token: ClaimToken,
+        completion: Completion,
+        retention: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        match self.slots.finish(token) {
+            // The handler did not take the transaction: the record commits alone, under the
+            // lock it held while the handler ran.
+            Some(Slot::Parked(tx)) => tx.record_and_commit(&self, &completion, retention).await,
+            Some(Slot::Committed) => Ok(true),
+            Some(Slot::Taken) => {
+                tracing::warn!("the handler still holds its claim's transaction: the layer records nothing; its own commit decides");
+                Ok(false)
+            }
+            Some(Slot::RolledBack) => {
+                tracing::warn!("the handler took its claim's transaction and dropped it without Claim::commit: its effects rolled back and nothing is stored, so a retry runs it again");
+                Ok(false)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The layer's release of a transactional claim: an untaken transaction rolls back.
+    pub(super) fn release_in_transaction(&self, token: ClaimToken) -> bool {
+        match self.slots.finish(token) {
+            Some(Slot::Parked(tx)) => {
+                drop(tx);
+                true
+            }
+            Some(Slot::Taken | Slot::RolledBack) => true,
+            Some(Slot::Committed) | None => false,
+        }
+    }
+}
