@@ -27,6 +27,7 @@ pub(crate) fn path(route: Route) -> &'static str {
         Route::Redis => "/redis",
         Route::PostgresPlain => "/postgres/plain",
         Route::PostgresRespondIn => "/postgres/respond-in",
+        Route::PostgresTransactional => "/postgres/transactional",
     }
 }
 
@@ -148,6 +149,20 @@ async fn respond_in(
     Ok(response)
 }
 
+/// `Route::PostgresTransactional`: the effect on the claim's transaction, committed with the
+/// record.
+async fn transactional(
+    State(h): State<Handlers>,
+    claim: Claim<PostgresStore>,
+) -> Result<Response, Response> {
+    let mut tx = claim.transaction().map_err(IntoResponse::into_response)?;
+    let id = h.insert_effect(&mut tx).await?;
+    claim
+        .commit(tx, created(id))
+        .await
+        .map_err(IntoResponse::into_response)
+}
+
 /// The app and what the bench reads beside it.
 #[derive(Debug)]
 pub(crate) struct App {
@@ -221,7 +236,12 @@ impl App {
                 Router::new()
                     .route(path(Route::PostgresPlain), post(effect))
                     .route(path(Route::PostgresRespondIn), post(respond_in))
-                    .route_layer(IdempotencyLayer::with_store(store)),
+                    .route_layer(IdempotencyLayer::with_store(store.clone())),
+            )
+            .merge(
+                Router::new()
+                    .route(path(Route::PostgresTransactional), post(transactional))
+                    .route_layer(IdempotencyLayer::with_store(store.transactional())),
             )
             .with_state(handlers.clone());
         Self {

@@ -22,6 +22,9 @@ pub(crate) enum Route {
     /// `IdempotencyLayer` on `PostgresStore` over a handler that stores its response in its own
     /// transaction (`Claim::respond_in`): the layer writes nothing more.
     PostgresRespondIn,
+    /// `IdempotencyLayer` on a transactional `PostgresStore`: the claim opens the handler's
+    /// transaction, the handler inserts its effect on it, `Claim::commit` records and commits.
+    PostgresTransactional,
 }
 
 /// The keys a row sends.
@@ -86,6 +89,15 @@ pub(crate) const ROWS: &[Row] = &[
         goal: Some(0.8),
     },
     Row {
+        name: "postgres_transactional",
+        label:
+            "PostgresStore::transactional, fresh key: claim, effect and record in one transaction",
+        route: Route::PostgresTransactional,
+        keys: Keys::Fresh,
+        peer: Some(DEDUPE),
+        goal: Some(0.8),
+    },
+    Row {
         name: "postgres_plain",
         label: "PostgresStore, fresh key, the layer completes",
         route: Route::PostgresPlain,
@@ -121,6 +133,14 @@ pub(crate) const ROWS: &[Row] = &[
         name: "postgres_replay",
         label: "PostgresStore, replay",
         route: Route::PostgresRespondIn,
+        keys: Keys::Replay,
+        peer: Some(SELECT),
+        goal: Some(0.9),
+    },
+    Row {
+        name: "postgres_tx_replay",
+        label: "PostgresStore::transactional, replay",
+        route: Route::PostgresTransactional,
         keys: Keys::Replay,
         peer: Some(SELECT),
         goal: Some(0.9),

@@ -142,7 +142,8 @@ pub(crate) async fn postgres_ledger(url: &str) -> Result<Ledger, String> {
         .connect(url)
         .await
         .map_err(|e| format!("--postgres {url}: {e}"))?;
-    let store = PostgresStore::new(pool);
+    // One transaction per fresh request: the claim, the charge and the record commit together.
+    let store = PostgresStore::new(pool).transactional();
     store.migrate().await.map_err(|e| e.to_string())?;
     sqlx::raw_sql(
         "SELECT pg_advisory_xact_lock(4242002); \
@@ -170,8 +171,8 @@ struct Knobs {
     fail: Option<u16>,
 }
 
-/// Postgres ledger, for crash tests: how long to wait after the charge and its record are
-/// written, before the commit. A header, so that a retry without it is the same request.
+/// Postgres ledger, for crash tests: how long to wait after the charge is written, before the
+/// commit that writes its record with it. A header, so that a retry without it is the same request.
 #[cfg(feature = "postgres")]
 const COMMIT_DELAY_HEADER: &str = "x-commit-delay-ms";
 /// Postgres ledger, for crash tests: how long to wait after the commit, before answering.
@@ -301,8 +302,9 @@ async fn create_charge_in_transaction(
         Err(answer) => return answer,
     };
     let charged = async {
-        let fail = |e: sqlx::Error| unavailable(&e.to_string());
-        let mut tx = claim.store().pool().begin().await.map_err(fail)?;
+        // The transaction the claim opened, holding the key's lock: a duplicate gets 409
+        // while it is open, and a crash or a rollback frees the key at once.
+        let mut tx = claim.transaction()?;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO charges (order_id, amount, tenant) VALUES ($1, $2, $3) RETURNING id",
         )
@@ -310,26 +312,22 @@ async fn create_charge_in_transaction(
         .bind(i64::try_from(order.amount).unwrap_or(i64::MAX))
         .bind(&order.tenant)
         .fetch_one(&mut *tx)
-        .await
-        .map_err(fail)?;
+        .await?;
         let charge = Charge {
             charge_id: format!("ch_{id:06}"),
             order_id: order.order_id,
             amount: order.amount,
             tenant: order.tenant,
         };
-        // A lost claim (this request outlived its lease and a retry took the key) answers
-        // 409 and rolls back: the retry's charge is the one.
-        let response = claim
-            .respond_in(&mut tx, (StatusCode::CREATED, Json(charge)))
-            .await
-            .map_err(IntoResponse::into_response)?;
         wait_for(&headers, COMMIT_DELAY_HEADER).await;
-        tx.commit().await.map_err(fail)?;
+        // The record and the charge, one commit.
+        let response = claim
+            .commit(tx, (StatusCode::CREATED, Json(charge)))
+            .await?;
         wait_for(&headers, RESPOND_DELAY_HEADER).await;
-        Ok::<_, Response>(response)
+        Ok::<_, tower_once::idempotency::ClaimError>(response)
     };
-    charged.await.unwrap_or_else(|answer| answer)
+    charged.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn list_charges(State(ledger): State<Ledger>) -> Response {

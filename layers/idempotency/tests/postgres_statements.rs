@@ -72,10 +72,12 @@ async fn recorded<F: std::future::Future>(work: F) -> (F::Output, Vec<String>) {
 #[tokio::test(flavor = "current_thread")]
 async fn a_fresh_key_is_one_commit_and_a_replay_one_read_only_statement() {
     tracing::subscriber::set_global_default(
-        tracing_subscriber::registry().with(Record.with_filter(
-            tracing_subscriber::filter::Targets::new()
-                .with_target("sqlx::query", tracing::Level::TRACE),
-        )),
+        tracing_subscriber::registry().with(
+            Record.with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("sqlx::query", tracing::Level::TRACE),
+            ),
+        ),
     )
     .unwrap();
     let db = ChargesDb::new().await;
@@ -95,7 +97,9 @@ async fn a_fresh_key_is_one_commit_and_a_replay_one_read_only_statement() {
     > { Box::pin(handler(claim)) };
     let router = Router::new().route(
         "/charges",
-        post(handler).layer(IdempotencyLayer::with_store(db.store.clone().transactional())),
+        post(handler).layer(IdempotencyLayer::with_store(
+            db.store.clone().transactional(),
+        )),
     );
     // Warm the pool and sqlx's statement cache.
     charge_through(&router, "warm", "{}").await;

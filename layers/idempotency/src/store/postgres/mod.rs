@@ -51,6 +51,49 @@
 //! cause, and the layer answers `503` without running the handler; the pool replaces broken
 //! connections on its own, so requests succeed again once Postgres is back.
 //!
+//! # One transaction per fresh request
+//!
+//! With [`transactional`](PostgresStore::transactional), the claim of a key with no live
+//! record opens the handler's transaction instead of writing a row: `BEGIN`, the transaction's
+//! idle bound and the key's lock (a transaction-scoped advisory lock, and a second look for a
+//! record that committed meanwhile), in one round trip. The handler takes that transaction
+//! ([`Claim::transaction`](crate::Claim::transaction)), writes its effects on it, and
+//! [`Claim::commit`](crate::Claim::commit) inserts the completed record (by the layer's
+//! rules) and commits. So:
+//!
+//! - **One commit** for the claim, the effects and the record: a fresh request is the read of
+//!   a live record, the handler's statements, the record's insert and `COMMIT` (a test counts
+//!   them); a replay is still one read-only statement.
+//! - **No lease to wait out.** A rollback, an error returned before the commit, a panic, a
+//!   killed connection or a crashed process ends the transaction, and its lock with it: the
+//!   client's retry runs the handler at once. Nothing of a failed attempt is ever stored.
+//! - **A duplicate gets `409` at once** while the first transaction is open (its lock is
+//!   tried, never waited for). The transaction keeps no row until it commits, so while it
+//!   runs a request with the same key gets `409` whatever its body; once committed, a
+//!   different body gets `422` as usual.
+//! - **A frozen owner is bounded by the database.** The transaction's
+//!   `idle_in_transaction_session_timeout` is the layer's lease (10 s by default): an owner
+//!   idle in its transaction longer than that (a paused VM, a `SIGSTOP`, a handler waiting on
+//!   something slow between statements) has its session ended by Postgres, the key is free,
+//!   and the owner can never commit afterwards. Keep slow calls to other services out of
+//!   these handlers, or raise the lease.
+//! - **Isolation** is the session's default (`READ COMMITTED` unless configured): the
+//!   transaction has begun before the handler runs, so set another level on the pool's
+//!   connections (`default_transaction_isolation`). A serialization failure fails
+//!   `Claim::commit` ([`ClaimError::is_store`](crate::ClaimError::is_store)), nothing is
+//!   stored, and the retry runs the handler again.
+//! - **Costs**: each claimed request holds a pooled connection from its claim to its commit,
+//!   so size the pool for the keyed requests in flight. A handler that never takes the
+//!   transaction is recorded by the layer on it, still one commit (its effects elsewhere are
+//!   as safe as with the other stores).
+//!
+//! Use one mode per table: a transactional store's claims do not see another mode's locks,
+//! only its rows (a live row written by the other mode makes `Claim::commit` fail with
+//! [`ClaimError::is_lost`](crate::ClaimError::is_lost), so nothing commits twice). The
+//! advisory lock is the key's first 64 bits mixed with the table's name; an application's own
+//! advisory locks can collide with it only by chance (1 in 2⁶⁴ per pair held at once), which
+//! would answer a `409`.
+//!
 //! # Durability
 //!
 //! A record is as durable as any committed row: with Postgres's defaults (`fsync`,
