@@ -264,3 +264,149 @@ async fn a_taken_claim_idle_past_the_lease_never_commits_a_second_effect() {
     );
     assert_pool_clean(db.pool()).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Dropped requests, failures and the immediate retry.
+// ---------------------------------------------------------------------------------------------
+
+/// A router whose handler takes the claim's transaction, charges, runs `slow_sql` on it when
+/// the run is the first, and commits 201 `charge N`.
+fn slow_first_router(
+    db: &ChargesDb,
+    store: PostgresStore,
+    layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> IdempotencyLayer<PostgresStore>,
+    slow_sql: &'static str,
+) -> (Arc<AtomicUsize>, Router) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let schema = db.schema.name.clone();
+    let router = Router::new().route(
+        "/charges",
+        post({
+            let runs = Arc::clone(&runs);
+            move |claim: Claim<PostgresStore>| async move {
+                let run = runs.fetch_add(1, SeqCst) + 1;
+                let res: Result<Response, ClaimError> = async {
+                    let mut tx = claim.transaction()?;
+                    insert_charge(&schema, &mut tx).await?;
+                    if run == 1 {
+                        sqlx::query(slow_sql).execute(&mut *tx).await?;
+                    }
+                    claim
+                        .commit(tx, (StatusCode::CREATED, format!("charge {run}")))
+                        .await
+                }
+                .await;
+                res.unwrap_or_else(IntoResponse::into_response)
+            }
+        })
+        .layer(layer(IdempotencyLayer::with_store(store.transactional()))),
+    );
+    (runs, router)
+}
+
+/// With `cancel_on_disconnect`, a client that leaves while its handler waits on a statement
+/// cancels the handler: the transaction is dropped, so the key must be free at once.
+#[tokio::test]
+async fn a_request_cancelled_mid_statement_frees_the_key_at_once() {
+    use tower::ServiceExt;
+    let db = ChargesDb::new().await;
+    let (runs, router) = slow_first_router(
+        &db,
+        db.store.clone(),
+        |l| l.cancel_on_disconnect(true),
+        "SELECT pg_sleep(3)",
+    );
+    let req = support::post("/charges", Some("k"), "{}");
+    let left = tokio::time::timeout(Duration::from_millis(300), router.clone().oneshot(req)).await;
+    assert!(left.is_err(), "the client left before the answer");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let retry = charge_through(&router, "k", "{}").await;
+    eprintln!("retry {} after {:?}", retry.0, started.elapsed());
+    if retry.0 == StatusCode::CONFLICT {
+        // How long the key stays taken (bounded: 5 s).
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let again = charge_through(&router, "k", "{}").await;
+            if again.0 != StatusCode::CONFLICT {
+                eprintln!("free after {:?}: {}", started.elapsed(), again.0);
+                break;
+            }
+        }
+    }
+    assert_eq!(retry, (StatusCode::CREATED, false, "charge 2".into()));
+    assert_eq!((runs.load(SeqCst), db.charges().await), (2, 1));
+    assert_pool_clean(db.pool()).await;
+}
+
+/// The same through a `tower::timeout` inside the layer (a handler deadline): the handler's
+/// future is dropped mid-statement, the layer releases, the retry must run at once.
+#[tokio::test]
+async fn a_handler_timed_out_mid_statement_frees_the_key_at_once() {
+    let db = ChargesDb::new().await;
+    let (runs, router) = slow_first_router(&db, db.store.clone(), |l| l, "SELECT pg_sleep(3)");
+    let router = router.layer(
+        tower::ServiceBuilder::new()
+            .layer(axum::error_handling::HandleErrorLayer::new(
+                |_: tower::BoxError| async { StatusCode::GATEWAY_TIMEOUT },
+            ))
+            .layer(tower::timeout::TimeoutLayer::new(Duration::from_millis(300))),
+    );
+    let _ = runs;
+    let first = charge_through(&router, "k", "{}").await;
+    assert_eq!(first.0, StatusCode::GATEWAY_TIMEOUT);
+    let started = std::time::Instant::now();
+    let retry = charge_through(&router, "k", "{}").await;
+    eprintln!("retry {retry:?} after {:?}", started.elapsed());
+    assert_eq!(retry.0, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(db.charges().await, 1);
+}
+
+/// A failure (503 after a rolled-back charge) and the client's immediate retry, 200 keys on a
+/// multi-threaded runtime: every retry must run at once (never 409: the key is free at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_immediate_retry_after_a_rollback_never_gets_409() {
+    let db = ChargesDb::new().await;
+    let schema = db.schema.name.clone();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let router = Router::new().route(
+        "/charges",
+        post({
+            let runs = Arc::clone(&runs);
+            move |claim: Claim<PostgresStore>, body: String| async move {
+                runs.fetch_add(1, SeqCst);
+                let res: Result<Response, ClaimError> = async {
+                    let mut tx = claim.transaction()?;
+                    insert_charge(&schema, &mut tx).await?;
+                    if body == "fail" {
+                        return Ok((StatusCode::SERVICE_UNAVAILABLE, "rolled back").into_response());
+                    }
+                    claim.commit(tx, (StatusCode::CREATED, "charged")).await
+                }
+                .await;
+                res.unwrap_or_else(IntoResponse::into_response)
+            }
+        })
+        .layer(IdempotencyLayer::with_store(db.store.clone().transactional())),
+    );
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let router = router.clone();
+            tokio::spawn(async move {
+                let key = format!("k{i}");
+                let failed = charge_through(&router, &key, "fail").await;
+                assert_eq!(failed.0, StatusCode::SERVICE_UNAVAILABLE);
+                charge_through(&router, &key, "ok").await.0
+            })
+        })
+        .collect();
+    let mut conflicts = 0;
+    for t in tasks {
+        if t.await.unwrap() == StatusCode::CONFLICT {
+            conflicts += 1;
+        }
+    }
+    eprintln!("conflicts {conflicts} of 200, charges {}", db.charges().await);
+    assert_eq!(conflicts, 0, "retries answered 409 after a rollback");
+    assert_pool_clean(db.pool()).await;
+}
