@@ -410,3 +410,271 @@ async fn the_immediate_retry_after_a_rollback_never_gets_409() {
     assert_eq!(conflicts, 0, "retries answered 409 after a rollback");
     assert_pool_clean(db.pool()).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Configuration: pools, table names, timeouts, isolation.
+// ---------------------------------------------------------------------------------------------
+
+/// A pool of `max` connections to the test database, with these session settings.
+async fn pool_with(max: u32, settings: &[(&str, &str)]) -> sqlx::PgPool {
+    let options: sqlx::postgres::PgConnectOptions =
+        tower_once_test_support::postgres::database_url()
+            .parse()
+            .unwrap();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(options.options(settings.iter().copied()))
+        .await
+        .unwrap()
+}
+
+/// A router whose handler charges in the claim's transaction; a body `hold` says so on
+/// `entered` and waits for `gate` before committing.
+fn gated_router(
+    db: &ChargesDb,
+    store: PostgresStore,
+    runs: Arc<AtomicUsize>,
+    entered: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Notify>,
+) -> Router {
+    let schema = db.schema.name.clone();
+    Router::new().route(
+        "/charges",
+        post(move |claim: Claim<PostgresStore>, body: String| async move {
+            let run = runs.fetch_add(1, SeqCst) + 1;
+            let res: Result<Response, ClaimError> = async {
+                let mut tx = claim.transaction()?;
+                insert_charge(&schema, &mut tx).await?;
+                if body == "hold" {
+                    entered.notify_one();
+                    gate.notified().await;
+                }
+                claim
+                    .commit(tx, (StatusCode::CREATED, format!("charge {run}")))
+                    .await
+            }
+            .await;
+            res.unwrap_or_else(IntoResponse::into_response)
+        })
+        .layer(IdempotencyLayer::with_store(store.transactional())),
+    )
+}
+
+/// Two deployments name the same table differently (`schema.idem`, and `idem` on a pool whose
+/// `search_path` is the schema). A duplicate through the second while the first runs must get
+/// 409 and never run.
+#[tokio::test]
+async fn one_table_named_two_ways_still_locks_the_key_once() {
+    let db = ChargesDb::new().await;
+    let other_pool = pool_with(4, &[("search_path", db.schema.name.as_str())]).await;
+    let other_store = PostgresStore::new(other_pool).table("idem").unwrap();
+    let (runs, entered, gate) = (Arc::new(AtomicUsize::new(0)), Arc::default(), Arc::default());
+    let a = gated_router(&db, db.store.clone(), Arc::clone(&runs), Arc::clone(&entered), Arc::clone(&gate));
+    let b = gated_router(&db, other_store, Arc::clone(&runs), Arc::clone(&entered), Arc::clone(&gate));
+    let first = tokio::spawn(async move { charge_through(&a, "k", "hold").await });
+    entered.notified().await;
+    // Another body, so that a duplicate that runs does not wait for the gate.
+    let during = tokio::time::timeout(Duration::from_secs(5), charge_through(&b, "k", "{}"))
+        .await
+        .expect("the duplicate answers");
+    gate.notify_one();
+    let first = first.await.unwrap();
+    eprintln!("first {first:?} during {during:?} runs {}", runs.load(SeqCst));
+    assert_eq!(during.0, StatusCode::CONFLICT, "the duplicate ran through the other name");
+    assert_eq!((runs.load(SeqCst), db.charges().await), (1, 1));
+}
+
+/// A pool of one connection: the first request holds it in its transaction. Its duplicate
+/// must get 409 at once (the documented duplicate answer), not wait out the store's timeout.
+#[tokio::test]
+async fn a_duplicate_on_a_pool_of_one_gets_409_at_once() {
+    let db = ChargesDb::new().await;
+    let pool = pool_with(1, &[]).await;
+    let store = PostgresStore::new(pool.clone()).table(db.store.table_name()).unwrap();
+    let (runs, entered, gate) = (Arc::new(AtomicUsize::new(0)), Arc::default(), Arc::default());
+    let router = gated_router(&db, store, Arc::clone(&runs), Arc::clone(&entered), Arc::clone(&gate));
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { charge_through(&router, "k", "hold").await }
+    });
+    entered.notified().await;
+    let started = std::time::Instant::now();
+    let during = charge_through(&router, "k", "{}").await;
+    let took = started.elapsed();
+    gate.notify_one();
+    let first = first.await.unwrap();
+    eprintln!("during {} after {took:?}; first {}", during.0, first.0);
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_pool_clean(&pool).await;
+    assert_eq!(during.0, StatusCode::CONFLICT, "the duplicate's answer");
+    assert!(took < Duration::from_millis(500), "409 at once, took {took:?}");
+}
+
+/// A pool of two, eight keys at once, each handler holding its transaction a little: some
+/// requests cannot get a connection (503). Afterwards every key is either replayed or free,
+/// one charge per answered key, and the pool is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tiny_pool_under_concurrent_keys_stays_consistent_and_clean() {
+    let db = ChargesDb::new().await;
+    let pool = pool_with(2, &[]).await;
+    let store = PostgresStore::new(pool.clone())
+        .table(db.store.table_name())
+        .unwrap()
+        .command_timeout(Duration::from_millis(300));
+    let schema = db.schema.name.clone();
+    let router = Router::new().route(
+        "/charges",
+        post(move |claim: Claim<PostgresStore>| async move {
+            let res: Result<Response, ClaimError> = async {
+                let mut tx = claim.transaction()?;
+                insert_charge(&schema, &mut tx).await?;
+                sqlx::query("SELECT pg_sleep(0.1)").execute(&mut *tx).await?;
+                claim.commit(tx, (StatusCode::CREATED, "charged")).await
+            }
+            .await;
+            res.unwrap_or_else(IntoResponse::into_response)
+        })
+        .layer(IdempotencyLayer::with_store(store.transactional())),
+    );
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let router = router.clone();
+            tokio::spawn(async move { (i, charge_through(&router, &format!("k{i}"), "{}").await.0) })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        let (i, status) = t.await.unwrap();
+        eprintln!("k{i}: {status}");
+        created += usize::from(status == StatusCode::CREATED);
+    }
+    assert_eq!(db.charges().await as usize, created);
+    assert_pool_clean(&pool).await;
+    for i in 0..8 {
+        let again = charge_through(&router, &format!("k{i}"), "{}").await;
+        assert_eq!(again.0, StatusCode::CREATED, "k{i}: {again:?}");
+    }
+    assert_eq!(db.charges().await, 8);
+    assert_pool_clean(&pool).await;
+}
+
+/// The store's timeout firing anywhere in the claim (its read, the pool, the BEGIN): a 1.5 ms
+/// timeout on 100 keys. Afterwards, through a store with the default timeout on the same
+/// pool, every key that was not answered 201 is free at once, and the pool is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_store_timeout_firing_mid_claim_leaves_nothing_behind() {
+    let db = ChargesDb::new().await;
+    let fast = db.store.clone().command_timeout(Duration::from_micros(1500));
+    let (runs, entered, gate) = (Arc::new(AtomicUsize::new(0)), Arc::default(), Arc::default());
+    let hurried = gated_router(&db, fast, Arc::clone(&runs), Arc::clone(&entered), Arc::clone(&gate));
+    let normal = gated_router(&db, db.store.clone(), runs, entered, gate);
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let router = hurried.clone();
+            tokio::spawn(async move { charge_through(&router, &format!("k{i}"), "{}").await.0 })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let timed_out = statuses.iter().filter(|s| s.is_server_error()).count();
+    eprintln!("{timed_out} of 100 timed out");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_pool_clean(db.pool()).await;
+    let mut conflicts = 0;
+    for (i, status) in statuses.iter().enumerate() {
+        let again = charge_through(&normal, &format!("k{i}"), "{}").await;
+        if *status == StatusCode::CREATED {
+            assert!(again.1, "k{i} answered 201 but not replayed: {again:?}");
+        } else if again.0 == StatusCode::CONFLICT {
+            conflicts += 1;
+        } else {
+            assert_eq!(again.0, StatusCode::CREATED, "k{i}: {again:?}");
+        }
+    }
+    assert_eq!(conflicts, 0, "keys still taken after their claim timed out");
+    assert_eq!(db.charges().await, 100);
+}
+
+/// A handler that takes the transaction, charges, drops it (rolled back) and still answers
+/// 201. The layer knows nothing committed (the slot says rolled back): a 201 must mean the
+/// charge happened, or the client, who will not retry a 201, is charged zero times.
+#[tokio::test]
+async fn a_201_after_the_transaction_was_dropped_is_not_passed_off_as_done() {
+    let db = ChargesDb::new().await;
+    let schema = db.schema.name.clone();
+    let router = Router::new().route(
+        "/charges",
+        post(move |claim: Claim<PostgresStore>| async move {
+            let res: Result<Response, ClaimError> = async {
+                let mut tx = claim.transaction()?;
+                insert_charge(&schema, &mut tx).await?;
+                drop(tx);
+                Ok((StatusCode::CREATED, "charged").into_response())
+            }
+            .await;
+            res.unwrap_or_else(IntoResponse::into_response)
+        })
+        .layer(IdempotencyLayer::with_store(db.store.clone().transactional())),
+    );
+    let first = charge_through(&router, "k", "{}").await;
+    let charges = db.charges().await;
+    eprintln!("first {first:?}, charges {charges}");
+    let retry = charge_through(&router, "k", "{}").await;
+    eprintln!("retry {retry:?}");
+    assert!(first.0 != StatusCode::CREATED || charges == 1, "201 with no charge");
+}
+
+/// Every transaction `REPEATABLE READ` (the pool's default): the lock function's check for a
+/// committed record reads the transaction's snapshot, taken when its statement began, before
+/// the lock was taken. Two requests per key, 300 keys: the handler must run once per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_repeatable_read_a_duplicate_racing_the_commit_never_runs() {
+    let db = ChargesDb::new().await;
+    let pool = pool_with(8, &[("default_transaction_isolation", "repeatable\\ read")]).await;
+    let store = PostgresStore::new(pool.clone()).table(db.store.table_name()).unwrap();
+    let schema = db.schema.name.clone();
+    let runs: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Arc::default();
+    let router = Router::new().route(
+        "/charges",
+        post({
+            let runs = Arc::clone(&runs);
+            move |claim: Claim<PostgresStore>, body: String| async move {
+                *runs.lock().unwrap().entry(body).or_default() += 1;
+                let res: Result<Response, ClaimError> = async {
+                    let mut tx = claim.transaction()?;
+                    insert_charge(&schema, &mut tx).await?;
+                    claim.commit(tx, (StatusCode::CREATED, "charged")).await
+                }
+                .await;
+                res.unwrap_or_else(IntoResponse::into_response)
+            }
+        })
+        .layer(IdempotencyLayer::with_store(store.transactional())),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut keys = 0;
+    while keys < 300 && std::time::Instant::now() < deadline {
+        let key = format!("k{keys}");
+        let tries: Vec<_> = (0..4)
+            .map(|_| {
+                let (router, key) = (router.clone(), key.clone());
+                tokio::spawn(async move { charge_through(&router, &key, &key).await.0 })
+            })
+            .collect();
+        for t in tries {
+            t.await.unwrap();
+        }
+        keys += 1;
+    }
+    let twice: Vec<_> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, n)| format!("{k}:{n}"))
+        .collect();
+    eprintln!("{keys} keys, ran more than once: {twice:?}, charges {}", db.charges().await);
+    assert!(twice.is_empty(), "{twice:?}");
+}
