@@ -631,8 +631,24 @@ async fn a_201_after_the_transaction_was_dropped_is_not_passed_off_as_done() {
 /// the lock was taken. Two requests per key, 300 keys: the handler must run once per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_repeatable_read_a_duplicate_racing_the_commit_never_runs() {
+    duplicates_racing_the_commit_run_once("repeatable\\ read").await;
+}
+
+/// The same at `SERIALIZABLE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_serializable_a_duplicate_racing_the_commit_never_runs() {
+    duplicates_racing_the_commit_run_once("serializable").await;
+}
+
+/// Control: the same at `READ COMMITTED` (each statement of the lock function reads anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_read_committed_a_duplicate_racing_the_commit_never_runs() {
+    duplicates_racing_the_commit_run_once("read\\ committed").await;
+}
+
+async fn duplicates_racing_the_commit_run_once(isolation: &str) {
     let db = ChargesDb::new().await;
-    let pool = pool_with(8, &[("default_transaction_isolation", "repeatable\\ read")]).await;
+    let pool = pool_with(8, &[("default_transaction_isolation", isolation)]).await;
     let store = PostgresStore::new(pool.clone()).table(db.store.table_name()).unwrap();
     let schema = db.schema.name.clone();
     let runs: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Arc::default();
