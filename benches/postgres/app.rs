@@ -155,7 +155,10 @@ async fn transactional(
     State(h): State<Handlers>,
     claim: Claim<PostgresStore>,
 ) -> Result<Response, Response> {
-    let mut tx = claim.transaction().map_err(IntoResponse::into_response)?;
+    let mut tx = claim
+        .transaction()
+        .await
+        .map_err(IntoResponse::into_response)?;
     let id = h.insert_effect(&mut tx).await?;
     claim
         .commit(tx, created(id))

@@ -304,7 +304,7 @@ async fn create_charge_in_transaction(
     let charged = async {
         // The transaction the claim opened, holding the key's lock: a duplicate gets 409
         // while it is open, and a crash or a rollback frees the key at once.
-        let mut tx = claim.transaction()?;
+        let mut tx = claim.transaction().await?;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO charges (order_id, amount, tenant) VALUES ($1, $2, $3) RETURNING id",
         )

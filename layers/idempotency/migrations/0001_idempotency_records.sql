@@ -76,12 +76,33 @@ $$;
 -- transaction begins, it takes the key's transaction-scoped advisory lock (held until that
 -- transaction commits or rolls back, a crash or a lost connection included) and fails at once
 -- when another transaction holds it (SQLSTATE TO409: a duplicate in progress), or when a live
--- record committed since the caller looked (TO200: read it again).
+-- record committed since the caller looked (TO200: read it again). The lock's high bits are the
+-- table's oid: one table is one lock space whatever name reaches it.
 CREATE OR REPLACE FUNCTION idempotency_records_lock(p_key bytea, p_lock int8)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(p_lock) THEN
+    IF NOT pg_try_advisory_xact_lock(
+            p_lock # (('idempotency_records'::regclass)::oid::int8 << 32)) THEN
         RAISE EXCEPTION USING ERRCODE = 'TO409', MESSAGE = 'idempotency key in progress';
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- This transaction's snapshot was taken before the lock, so a record the lock's last
+        -- holder committed may be invisible to it; the primary key's index is not: an insert
+        -- that conflicts with a row the snapshot cannot see is a serialization failure. The
+        -- probe is undone with its subtransaction.
+        BEGIN
+            INSERT INTO idempotency_records AS r
+                (key, token, state, fingerprint, expires_at, claimed_at)
+            VALUES (p_key, '00000000-0000-0000-0000-000000000000', 'in_progress',
+                decode(repeat('00', 32), 'hex'), clock_timestamp(), clock_timestamp())
+            ON CONFLICT (key) DO NOTHING;
+            RAISE EXCEPTION USING ERRCODE = 'TO000';
+        EXCEPTION
+            WHEN serialization_failure THEN
+                RAISE EXCEPTION USING ERRCODE = 'TO200', MESSAGE = 'idempotency record exists';
+            WHEN SQLSTATE 'TO000' THEN
+                NULL;
+        END;
     END IF;
     IF EXISTS (SELECT 1 FROM idempotency_records AS r
                WHERE r.key = p_key AND r.expires_at > clock_timestamp()) THEN

@@ -85,7 +85,7 @@ async fn a_fresh_key_is_one_commit_and_a_replay_one_read_only_statement() {
     let handler = move |claim: Claim<PostgresStore>| {
         let schema = schema.clone();
         async move {
-            let mut tx = claim.transaction()?;
+            let mut tx = claim.transaction().await?;
             sqlx::query(&format!("INSERT INTO {schema}.charges (amount) VALUES (5)"))
                 .execute(&mut *tx)
                 .await?;

@@ -97,7 +97,7 @@ async fn handle(
     if let Plan::Untaken = plan {
         return Ok((StatusCode::CREATED, answer).into_response());
     }
-    let mut tx = claim.transaction()?;
+    let mut tx = claim.transaction().await?;
     match plan {
         Plan::Serializable => {
             sqlx::query(&format!("SELECT count(*) FROM {}.charges", app.schema))
@@ -137,7 +137,7 @@ async fn handle(
     };
     let response = claim.commit(tx, (status, answer)).await?;
     if let Plan::Twice = plan {
-        claim.transaction()?;
+        claim.transaction().await?;
     }
     Ok(response)
 }

@@ -11,19 +11,26 @@ impl Claim<PostgresStore> {
     /// Takes the transaction this claim opened (on a
     /// [`transactional`](PostgresStore::transactional) store): it holds the key's lock, so no
     /// duplicate runs while it is open. Write the effects on it, then finish with
-    /// [`commit`](Self::commit). Dropping it rolls it back and frees the key at once.
+    /// [`commit`](Self::commit). Dropping it rolls it back and frees the key at once. Until
+    /// it is taken the layer keeps it alive (a renewal may have it out for one statement: this
+    /// waits for it); once taken, it may stay idle at most the layer's lease between its
+    /// statements before Postgres ends it (then `commit` fails and nothing is stored).
     ///
     /// Fails with [`ClaimError::is_misused`] when the store is not transactional, or the
     /// transaction was already taken.
-    pub fn transaction(&self) -> Result<ClaimTransaction, ClaimError> {
+    pub async fn transaction(&self) -> Result<ClaimTransaction, ClaimError> {
         if !self.store().is_transactional() {
             return Err(ClaimError::misused(
                 "Claim::transaction needs a transactional store (PostgresStore::transactional)",
             ));
         }
-        let tx = self.store().slots.take(self.token()).ok_or_else(|| {
-            ClaimError::misused("the claim's transaction was already taken, or is gone")
-        })?;
+        let tx = self
+            .store()
+            .take_transaction(self.token())
+            .await
+            .ok_or_else(|| {
+                ClaimError::misused("the claim's transaction was already taken, or is gone")
+            })?;
         // A job's `RunOnceLayer` asks, once the handler returned, whether it committed.
         let slots = Arc::clone(&self.store().slots);
         let token = self.token();
@@ -57,7 +64,7 @@ impl Claim<PostgresStore> {
     /// use tower_once_idempotency::{Claim, ClaimError};
     ///
     /// async fn charge(claim: Claim<PostgresStore>, Json(amount): Json<i64>) -> Result<Response, ClaimError> {
-    ///     let mut tx = claim.transaction()?;
+    ///     let mut tx = claim.transaction().await?;
     ///     let id: i64 = sqlx::query_scalar("INSERT INTO charges (amount) VALUES ($1) RETURNING id")
     ///         .bind(amount)
     ///         .fetch_one(&mut *tx)

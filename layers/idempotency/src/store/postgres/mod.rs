@@ -72,27 +72,40 @@
 //!   runs a request with the same key gets `409` whatever its body; once committed, a
 //!   different body gets `422` as usual.
 //! - **A frozen owner is bounded by the database.** The transaction's
-//!   `idle_in_transaction_session_timeout` is the layer's lease (10 s by default): an owner
-//!   idle in its transaction longer than that (a paused VM, a `SIGSTOP`, a handler waiting on
-//!   something slow between statements) has its session ended by Postgres, the key is free,
-//!   and the owner can never commit afterwards. Keep slow calls to other services out of
-//!   these handlers, or raise the lease.
+//!   `idle_in_transaction_session_timeout` is the layer's lease (10 s by default), and the
+//!   layer renews it while the handler runs without taking the transaction (one `SELECT 1` on
+//!   it per renewal, a third of the lease apart). An owner that stops (a paused VM, a
+//!   `SIGSTOP`) has its session ended by Postgres once a lease passes, the key is free, and
+//!   the owner can never commit afterwards. A handler that took the transaction may stay
+//!   idle in it at most a lease between its statements: keep slow calls to other services
+//!   out of it, or raise the lease.
+//! - **A dropped transaction frees the key at once**, even with a statement running on it:
+//!   its connection is closed rather than returned to the pool (on Postgres 14 and later the
+//!   session checks its client every 50 ms during a statement), so Postgres ends the
+//!   transaction and its lock. The pool opens a new connection in its place.
 //! - **Isolation** is the session's default (`READ COMMITTED` unless configured): the
 //!   transaction has begun before the handler runs, so set another level on the pool's
-//!   connections (`default_transaction_isolation`). A serialization failure fails
+//!   connections (`default_transaction_isolation`). At `REPEATABLE READ` and above the lock
+//!   function also probes the primary key (an insert undone with its subtransaction), since
+//!   the transaction's snapshot predates the lock. A serialization failure fails
 //!   `Claim::commit` ([`ClaimError::is_store`](crate::ClaimError::is_store)), nothing is
 //!   stored, and the retry runs the handler again.
 //! - **Costs**: each claimed request holds a pooled connection from its claim to its commit,
-//!   so size the pool for the keyed requests in flight. A handler that never takes the
-//!   transaction is recorded by the layer on it, still one commit (its effects elsewhere are
-//!   as safe as with the other stores).
+//!   so size the pool for the keyed requests in flight: with none free, a request (a
+//!   duplicate included) waits for one up to the store's timeout and gets `503`. A handler
+//!   that never takes the transaction is recorded by the layer on it, still one commit (its
+//!   effects elsewhere are as safe as with the other stores). A handler that takes the
+//!   transaction, drops it and answers success is answered as it says, with nothing stored:
+//!   a retry runs it again.
 //!
 //! Use one mode per table: a transactional store's claims do not see another mode's locks,
 //! only its rows (a live row written by the other mode makes `Claim::commit` fail with
 //! [`ClaimError::is_lost`](crate::ClaimError::is_lost), so nothing commits twice). The
-//! advisory lock is the key's first 64 bits mixed with the table's name; an application's own
-//! advisory locks can collide with it only by chance (1 in 2⁶⁴ per pair held at once), which
-//! would answer a `409`.
+//! advisory lock is the key's first 64 bits mixed with the table's oid (one lock space per
+//! table, whatever name reaches it); an application's own advisory locks can collide with it
+//! only by chance (1 in 2⁶⁴ per pair held at once), which would answer a `409`. The store's
+//! conformance suite passes but for one rule: a claim in flight keeps no row, so a duplicate
+//! sees its own fingerprint.
 //!
 //! # Durability
 //!
@@ -147,8 +160,6 @@ struct Shared {
     queries: Queries,
     timeout: Duration,
     transactional: bool,
-    // Mixed into each key's advisory lock, so that two tables never share one.
-    table_hash: i64,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -169,7 +180,6 @@ impl PostgresStore {
             pool,
             shared: Arc::new(Shared {
                 queries: Queries::new(&table),
-                table_hash: table_hash(&table),
                 table,
                 timeout: Duration::from_secs(1),
                 transactional: false,
@@ -200,7 +210,6 @@ impl PostgresStore {
         let table = TableName::parse(name)?;
         Ok(self.map_shared(|shared| {
             shared.queries = Queries::new(&table);
-            shared.table_hash = table_hash(&table);
             shared.table = table;
         }))
     }
@@ -276,7 +285,6 @@ impl PostgresStore {
             queries: Queries::new(&self.shared.table),
             timeout: self.shared.timeout,
             transactional: self.shared.transactional,
-            table_hash: self.shared.table_hash,
         };
         f(&mut shared);
         self.shared = Arc::new(shared);
@@ -298,17 +306,6 @@ impl PostgresStore {
             }
         })
     }
-}
-
-/// FNV-1a of the table's name: stable across processes and versions.
-fn table_hash(table: &TableName) -> i64 {
-    let hash = table
-        .qualified()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-    i64::from_ne_bytes(hash.to_ne_bytes())
 }
 
 fn default_table() -> TableName {
@@ -400,8 +397,9 @@ impl IdempotencyStore for PostgresStore {
     ) -> Self::CompleteFuture {
         if self.shared.transactional {
             let store = self.clone();
-            return self
-                .bounded(move |_, _| store.complete_in_transaction(token, completion, retention));
+            return self.bounded(move |_, _| {
+                store.complete_in_transaction(key, token, completion, retention)
+            });
         }
         self.bounded(move |pool, shared| async move {
             let query = &shared.queries.complete;
@@ -412,7 +410,7 @@ impl IdempotencyStore for PostgresStore {
 
     fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
         if self.shared.transactional {
-            let released = self.release_in_transaction(token);
+            let released = self.release_in_transaction(key, token);
             return Box::pin(std::future::ready(Ok(released)));
         }
         self.bounded(move |pool, shared| async move {
@@ -427,9 +425,8 @@ impl IdempotencyStore for PostgresStore {
 
     fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture {
         if self.shared.transactional {
-            // The lock lives as long as the transaction: only the entry's lease is renewed.
-            let held = self.slots.extend(token, lease);
-            return Box::pin(std::future::ready(Ok(held)));
+            let store = self.clone();
+            return self.bounded(move |_, _| store.extend_in_transaction(key, token, lease));
         }
         self.bounded(move |pool, shared| async move {
             sqlx::query_scalar::<_, bool>(&shared.queries.extend)

@@ -2,16 +2,19 @@
 
 use super::transactional::ClaimTransaction;
 use crate::claim::Settled;
-use crate::store::ClaimToken;
+use crate::store::{ClaimToken, StoreKey};
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// What became of a claim's transaction.
 pub(super) enum Slot {
     /// Opened by the claim, not taken by the handler (yet).
     Parked(ClaimTransaction),
+    /// Out for a moment: its lease is being renewed on it (the layer's `extend`).
+    Renewing,
     /// In the handler's hands.
     Taken,
     /// Committed by the handler through its claim.
@@ -20,93 +23,175 @@ pub(super) enum Slot {
     RolledBack,
 }
 
+struct Entry {
+    key: StoreKey,
+    slot: Slot,
+    until: Instant,
+}
+
+/// What [`Slots::take`] found.
+pub(super) enum Take {
+    Took(ClaimTransaction),
+    /// Being renewed: wait for [`Slots::changed`] and look again.
+    Renewing,
+    Gone,
+}
+
 /// The open claims of one store. Each entry lives until the layer completes or releases its
 /// claim, or, if nothing ever does (a claim made outside the layers), until its lease passes
 /// unrenewed: the next claim then drops it, and its transaction rolls back.
 #[derive(Default)]
 pub(crate) struct Slots {
-    map: Mutex<HashMap<ClaimToken, (Slot, Instant)>>,
+    map: Mutex<HashMap<ClaimToken, Entry>>,
+    /// Told each time a renewal gives its transaction back.
+    renewed: Notify,
 }
 
 impl Slots {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<ClaimToken, (Slot, Instant)>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<ClaimToken, Entry>) -> T) -> T {
         f(&mut self.map.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    pub(super) fn park(&self, token: ClaimToken, tx: ClaimTransaction, lease: Duration) {
+    pub(super) fn park(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        tx: ClaimTransaction,
+        lease: Duration,
+    ) {
         let now = Instant::now();
-        let stale: Vec<(Slot, Instant)> = self.with(|map| {
+        let stale: Vec<Entry> = self.with(|map| {
             let expired: Vec<ClaimToken> = map
                 .iter()
-                .filter(|(_, (_, until))| *until <= now)
+                .filter(|(_, entry)| entry.until <= now)
                 .map(|(token, _)| *token)
                 .collect();
             let stale = expired.iter().filter_map(|t| map.remove(t)).collect();
-            map.insert(token, (Slot::Parked(tx), now + lease));
+            let slot = Slot::Parked(tx);
+            map.insert(
+                token,
+                Entry {
+                    key,
+                    slot,
+                    until: now + lease,
+                },
+            );
             stale
         });
         // Dropped outside the lock: a transaction's drop reports back here.
         drop(stale);
     }
 
-    pub(super) fn take(&self, token: ClaimToken) -> Option<ClaimTransaction> {
+    pub(super) fn take(&self, token: ClaimToken) -> Take {
         self.with(|map| {
-            let (slot, _) = map.get_mut(&token)?;
-            match std::mem::replace(slot, Slot::Taken) {
-                Slot::Parked(tx) => Some(tx),
+            let Some(entry) = map.get_mut(&token) else {
+                return Take::Gone;
+            };
+            match std::mem::replace(&mut entry.slot, Slot::Taken) {
+                Slot::Parked(tx) => Take::Took(tx),
+                Slot::Renewing => {
+                    entry.slot = Slot::Renewing;
+                    Take::Renewing
+                }
                 other => {
-                    *slot = other;
-                    None
+                    entry.slot = other;
+                    Take::Gone
                 }
             }
         })
     }
 
+    /// A future told when a renewal gives a transaction back; create it before [`take`].
+    pub(super) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.renewed.notified()
+    }
+
     pub(super) fn committed(&self, token: ClaimToken) {
-        self.set(token, Slot::Committed);
+        self.with(|map| {
+            if let Some(entry) = map.get_mut(&token) {
+                entry.slot = Slot::Committed;
+            }
+        });
     }
 
     pub(super) fn rolled_back(&self, token: ClaimToken) {
         self.with(|map| {
-            if let Some((slot @ Slot::Taken, _)) = map.get_mut(&token) {
-                *slot = Slot::RolledBack;
+            if let Some(entry) = map.get_mut(&token) {
+                if matches!(entry.slot, Slot::Taken | Slot::Renewing) {
+                    entry.slot = Slot::RolledBack;
+                }
             }
         });
+        self.renewed.notify_waiters();
     }
 
-    fn set(&self, token: ClaimToken, to: Slot) {
+    /// Renews the entry's lease. A parked transaction is handed out to be kept alive on the
+    /// database too (`Ok(Some)`), and must come back through [`renewed`](Self::renewed);
+    /// `Ok(None)`: renewed here only (the handler holds the transaction); `Err`: gone.
+    pub(super) fn renew(
+        &self,
+        key: StoreKey,
+        token: ClaimToken,
+        lease: Duration,
+    ) -> Result<Option<ClaimTransaction>, ()> {
         self.with(|map| {
-            if let Some((slot, _)) = map.get_mut(&token) {
-                *slot = to;
+            let entry = map.get_mut(&token).filter(|e| e.key == key).ok_or(())?;
+            match std::mem::replace(&mut entry.slot, Slot::Renewing) {
+                Slot::Parked(tx) => {
+                    entry.until = Instant::now() + lease;
+                    Ok(Some(tx))
+                }
+                other @ (Slot::Taken | Slot::Renewing) => {
+                    entry.slot = other;
+                    entry.until = Instant::now() + lease;
+                    Ok(None)
+                }
+                other => {
+                    entry.slot = other;
+                    Err(())
+                }
             }
-        });
-    }
-
-    /// Renews the entry's lease; `false` if it is gone or finished.
-    pub(super) fn extend(&self, token: ClaimToken, lease: Duration) -> bool {
-        self.with(|map| match map.get_mut(&token) {
-            Some((Slot::Parked(_) | Slot::Taken, until)) => {
-                *until = Instant::now() + lease;
-                true
-            }
-            _ => false,
         })
     }
 
-    /// Removes the entry and returns it (dropping it is the caller's, outside the lock).
-    pub(super) fn finish(&self, token: ClaimToken) -> Option<Slot> {
-        self.with(|map| map.remove(&token)).map(|(slot, _)| slot)
+    /// Gives a renewed transaction back (or drops it, if its entry went meanwhile).
+    pub(super) fn renewed(&self, token: ClaimToken, tx: ClaimTransaction) {
+        let orphan = self.with(|map| match map.get_mut(&token) {
+            Some(entry) if matches!(entry.slot, Slot::Renewing) => {
+                entry.slot = Slot::Parked(tx);
+                None
+            }
+            _ => Some(tx),
+        });
+        drop(orphan);
+        self.renewed.notify_waiters();
+    }
+
+    /// Removes the entry of `token` if it is `key`'s, and returns it (dropping it is the
+    /// caller's, outside the lock).
+    pub(super) fn finish(&self, key: StoreKey, token: ClaimToken) -> Option<Slot> {
+        self.with(|map| match map.get(&token) {
+            Some(entry) if entry.key == key => map.remove(&token),
+            _ => None,
+        })
+        .map(|entry| entry.slot)
     }
 
     /// For a job's claim whose handler took the transaction: committed (the entry goes), rolled
-    /// back (it goes, and the layer releases), or still held or parked.
+    /// back (it goes, and the layer releases), or still held.
     pub(super) fn settled(&self, token: ClaimToken) -> Settled {
         let slot = self.with(|map| match map.get(&token) {
-            Some((Slot::Committed | Slot::RolledBack, _)) => map.remove(&token),
+            Some(Entry {
+                slot: Slot::Committed | Slot::RolledBack,
+                ..
+            }) => map.remove(&token),
             _ => None,
         });
         match slot {
-            Some((Slot::RolledBack, _)) => Settled::Release,
+            Some(Entry {
+                slot: Slot::RolledBack,
+                ..
+            }) => Settled::Release,
             _ => Settled::Done,
         }
     }

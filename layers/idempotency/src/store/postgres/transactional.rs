@@ -4,7 +4,7 @@
 //! rollback frees the key at once.
 
 use super::row::decode_claim;
-use super::slots::{Slot, Slots};
+use super::slots::{Slot, Slots, Take};
 use super::{completion_statement, millis, PostgresStore};
 use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimOutcome, ClaimToken, Completion, ExistingRecord, RecordState, StoreKey};
@@ -31,8 +31,9 @@ const TRIES: usize = 3;
 ///
 /// It has no `commit` of its own, so that effects never commit without their record. Dropped
 /// without [`Claim::commit`](crate::Claim::commit) (an error returned with `?`, a panic, a
-/// dropped request), it rolls back: the effects and the lock go, and a retry runs the handler
-/// again at once. Savepoints work as on any connection (`sqlx::Acquire::begin(&mut *tx)`).
+/// cancelled request), its connection is closed and Postgres rolls it back, a statement still
+/// running included: the effects and the lock go, and a retry runs the handler again at once.
+/// Savepoints work as on any connection (`sqlx::Acquire::begin(&mut *tx)`).
 pub struct ClaimTransaction {
     conn: PoolConnection<Postgres>,
     key: StoreKey,
@@ -40,6 +41,8 @@ pub struct ClaimTransaction {
     fingerprint: Fingerprint,
     slots: Weak<Slots>,
     open: bool,
+    // In the handler's hands: dropped open, a statement may still be running on it.
+    taken: bool,
 }
 
 impl fmt::Debug for ClaimTransaction {
@@ -68,13 +71,24 @@ impl DerefMut for ClaimTransaction {
 
 impl Drop for ClaimTransaction {
     fn drop(&mut self) {
-        if self.open {
+        if !self.open {
+            return;
+        }
+        if self.taken {
+            // NOTE: dropped by its handler (an error, a panic, a cancelled or timed-out
+            // request), maybe with a statement still running: a queued rollback would wait
+            // for that statement before it freed the key. The connection is closed instead;
+            // Postgres ends the transaction, and with it the lock, as soon as it sees the
+            // connection gone (at once when idle; within `client_connection_check_interval`
+            // during a statement, on Postgres 14 and later).
+            self.conn.close_on_drop();
+        } else {
             // Queued, sent with the connection's next use (the pool's check on its return),
             // as `sqlx::Transaction` does; the lock goes with it.
             PgTransactionManager::start_rollback(&mut self.conn);
-            if let Some(slots) = self.slots.upgrade() {
-                slots.rolled_back(self.token);
-            }
+        }
+        if let Some(slots) = self.slots.upgrade() {
+            slots.rolled_back(self.token);
         }
     }
 }
@@ -82,6 +96,18 @@ impl Drop for ClaimTransaction {
 impl ClaimTransaction {
     pub(crate) fn token(&self) -> ClaimToken {
         self.token
+    }
+
+    /// Handed to the handler.
+    pub(super) fn into_taken(mut self) -> Self {
+        self.taken = true;
+        self
+    }
+
+    /// One statement, so that Postgres does not count the transaction idle (its idle bound is
+    /// the lease, renewed this way while the handler runs without it).
+    async fn keep_alive(&mut self) -> Result<(), sqlx::Error> {
+        self.conn.execute("SELECT 1").await.map(drop)
     }
 
     /// Inserts the completed record and commits. `Ok(false)`: a live record of another claim
@@ -154,7 +180,8 @@ impl PostgresStore {
             let Some(conn) = opening.0.as_mut() else {
                 unreachable!("just set")
             };
-            match PgTransactionManager::begin(conn, Some(self.begin_statement(&key, lease))).await {
+            let statement = self.begin_statement(&key, lease, conn.server_version_num());
+            match PgTransactionManager::begin(conn, Some(statement)).await {
                 Ok(()) => {
                     let Some(conn) = opening.0.take() else {
                         unreachable!("just set")
@@ -166,8 +193,9 @@ impl PostgresStore {
                         fingerprint,
                         slots: Arc::downgrade(&self.slots),
                         open: true,
+                        taken: false,
                     };
-                    self.slots.park(token, tx, lease);
+                    self.slots.park(key, token, tx, lease);
                     return Ok(ClaimOutcome::Claimed);
                 }
                 Err(error) => {
@@ -201,40 +229,81 @@ impl PostgresStore {
         ))
     }
 
-    /// `BEGIN`, the idle bound and the lock, as one simple query: one round trip. Every value
+    /// `BEGIN`, the idle bounds and the lock, as one simple query: one round trip. Every value
     /// is a number or hex digits, so nothing from the request is spliced into the SQL.
-    fn begin_statement(&self, key: &StoreKey, lease: Duration) -> Cow<'static, str> {
+    fn begin_statement(
+        &self,
+        key: &StoreKey,
+        lease: Duration,
+        server: Option<u32>,
+    ) -> Cow<'static, str> {
         let idle = millis(lease).min(i64::from(i32::MAX));
+        // Postgres 14 and later notice a closed connection during a statement too.
+        let check = if server.is_some_and(|v| v >= 140_000) {
+            "SET LOCAL client_connection_check_interval = 50; "
+        } else {
+            ""
+        };
         let hex: String = key.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
-        let lock = self.lock_id(key);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&key.as_bytes()[..8]);
+        // The key's first 64 bits (a hash already); the lock function mixes in the table.
+        let lock = i64::from_be_bytes(first);
         Cow::Owned(format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle}; \
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle}; {check}\
              SELECT {}(decode('{hex}', 'hex'), {lock})",
             self.shared.queries.lock_function
         ))
     }
 
-    /// The key's advisory lock: its first 8 bytes (a hash already) mixed with the table's name,
-    /// so that two tables' records never share a lock.
-    fn lock_id(&self, key: &StoreKey) -> i64 {
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&key.as_bytes()[..8]);
-        i64::from_be_bytes(first) ^ self.shared.table_hash
+    /// The layer's renewal of a transactional claim: a parked transaction is kept alive on
+    /// the database (one statement), one the handler holds is renewed here only.
+    pub(super) async fn extend_in_transaction(
+        self,
+        key: StoreKey,
+        token: ClaimToken,
+        lease: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let Ok(parked) = self.slots.renew(key, token, lease) else {
+            return Ok(false);
+        };
+        let Some(tx) = parked else {
+            return Ok(true);
+        };
+        // Given back even if this future is dropped half-way (then the transaction is closed).
+        let mut back = GiveBack {
+            slots: &self.slots,
+            token,
+            tx: Some(tx),
+        };
+        let kept = match back.tx.as_mut() {
+            Some(tx) => tx.keep_alive().await,
+            None => Ok(()),
+        };
+        if kept.is_err() {
+            // The connection failed: the transaction, and the key's lock, are gone.
+            if let Some(tx) = back.tx.as_mut() {
+                tx.taken = true;
+            }
+        }
+        drop(back);
+        kept.map(|()| true)
     }
 
     /// The layer's completion of a transactional claim.
     pub(super) async fn complete_in_transaction(
         self,
+        key: StoreKey,
         token: ClaimToken,
         completion: Completion,
         retention: Duration,
     ) -> Result<bool, sqlx::Error> {
-        match self.slots.finish(token) {
+        match self.slots.finish(key, token) {
             // The handler did not take the transaction: the record commits alone, under the
             // lock it held while the handler ran.
             Some(Slot::Parked(tx)) => tx.record_and_commit(&self, &completion, retention).await,
             Some(Slot::Committed) => Ok(true),
-            Some(Slot::Taken) => {
+            Some(Slot::Taken | Slot::Renewing) => {
                 tracing::warn!("the handler still holds its claim's transaction: the layer records nothing; its own commit decides");
                 Ok(false)
             }
@@ -247,14 +316,50 @@ impl PostgresStore {
     }
 
     /// The layer's release of a transactional claim: an untaken transaction rolls back.
-    pub(super) fn release_in_transaction(&self, token: ClaimToken) -> bool {
-        match self.slots.finish(token) {
+    pub(super) fn release_in_transaction(&self, key: StoreKey, token: ClaimToken) -> bool {
+        match self.slots.finish(key, token) {
             Some(Slot::Parked(tx)) => {
                 drop(tx);
                 true
             }
-            Some(Slot::Taken | Slot::RolledBack) => true,
+            Some(Slot::Taken | Slot::Renewing | Slot::RolledBack) => true,
             Some(Slot::Committed) | None => false,
+        }
+    }
+}
+
+/// A parked transaction out for renewal, given back to its slot when this is dropped.
+struct GiveBack<'a> {
+    slots: &'a Slots,
+    token: ClaimToken,
+    tx: Option<ClaimTransaction>,
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            if tx.taken {
+                // Failed or cut short: closed, and its slot marked rolled back.
+                drop(tx);
+            } else {
+                self.slots.renewed(self.token, tx);
+            }
+        }
+    }
+}
+
+impl PostgresStore {
+    /// The transaction of the claim `token`, for its handler: waits while a renewal has it out.
+    pub(super) async fn take_transaction(&self, token: ClaimToken) -> Option<ClaimTransaction> {
+        loop {
+            let changed = self.slots.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.slots.take(token) {
+                Take::Took(tx) => return Some(tx.into_taken()),
+                Take::Renewing => changed.await,
+                Take::Gone => return None,
+            }
         }
     }
 }
