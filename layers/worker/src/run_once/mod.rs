@@ -48,6 +48,13 @@
 //! }
 //! ```
 //!
+//! On a [`transactional`](tower_once_idempotency::store::postgres::PostgresStore::transactional)
+//! store the claim itself opens the job's transaction, holding the job id's lock: take it with
+//! `claim.transaction().await`, write the effects on it, and `claim.commit(tx, ()).await`
+//! records the job as done in the same commit. A failure, a panic or a crash before that commit
+//! frees the job id at once (no lease to wait out), and a handler that drops the transaction
+//! yet returns `Ok` is an error, so the job runs again.
+//!
 //! What remains: effects outside that database (an email, another API) are not in the
 //! transaction; write them as outbox rows in it, and let the relay send them.
 
