@@ -1,6 +1,7 @@
 //! Round trips to PostgreSQL per request, counted from sqlx's statement events: each statement
-//! sqlx logs is one round trip (a transaction's `BEGIN` is not logged: sqlx sends it with the
-//! next statement, in the same round trip; its `COMMIT` is).
+//! sqlx logs is one round trip. A transaction's `BEGIN` is not logged, though sqlx 0.8 sends it
+//! and waits for its answer (one more round trip for every row with a transaction, the
+//! transactional claim's `BEGIN` with its lock included); its `COMMIT` is logged.
 //!
 //! The counting layer is installed once, for the whole bench, and counts only while a count is
 //! taken (an atomic flag read by `enabled`), so the timed rounds pay one relaxed load per

@@ -1,9 +1,18 @@
 //! Request fingerprints: how the layer tells "the same request again" from "a different request
 //! that reuses a key".
 //!
-//! The default, [`Sha256Fingerprint`], hashes the method, the path and query, and the body bytes.
+//! The default, [`Xxh3Fingerprint`], hashes the method, the path and query, and the body bytes.
 //! A retry must send all three unchanged to be replayed; anything else answers
 //! `422 Unprocessable Content`, as the IETF draft requires.
+//!
+//! Why a fast non-cryptographic hash is enough: a fingerprint is only ever compared with the
+//! record of the same key in the same scope (the record's key itself is SHA-256 over the scope,
+//! the route and the key, so no tenant reaches another's records). A collision, found by chance
+//! (1 in 2¹²⁸) or crafted, can only make one client's second, different request under its own
+//! key look like its first, and get the first's answer instead of a `422`. For a threat model
+//! where that matters, [`Sha256Fingerprint`] is one builder call away. The fingerprint carries
+//! its kind: a record stored under SHA-256 (the default before xxh3) still matches its retry,
+//! so a deploy that changes the default never turns in-flight retries into `422`.
 //!
 //! Replace it with [`IdempotencyLayer::fingerprint_with`](crate::IdempotencyLayer::fingerprint_with)
 //! when some part of a request may legitimately change between attempts (for example a
@@ -72,6 +81,14 @@ impl fmt::Debug for Fingerprint {
 pub trait Fingerprinter {
     /// The fingerprint of the request made of `parts` and `body`.
     fn fingerprint(&self, parts: &Parts, body: &Bytes) -> Fingerprint;
+
+    /// Whether `stored`, which differs from this request's [`fingerprint`](Self::fingerprint),
+    /// is still this request's, computed another way (by an earlier default): asked only
+    /// before answering `422`. `false` unless overridden.
+    fn recognizes(&self, parts: &Parts, body: &Bytes, stored: &Fingerprint) -> bool {
+        let _ = (parts, body, stored);
+        false
+    }
 }
 
 impl<F> Fingerprinter for F
@@ -83,7 +100,8 @@ where
     }
 }
 
-/// The default fingerprint: SHA-256 over the method, the path and query, and the body.
+/// SHA-256 over the method, the path and query, and the body: the default before
+/// [`Xxh3Fingerprint`], for deployments that want a collision-resistant fingerprint.
 ///
 /// Each part is length-prefixed, so no two different requests share an input.
 ///
@@ -121,5 +139,65 @@ impl Fingerprinter for Sha256Fingerprint {
         }
         crate::digest::update_framed(&mut hasher, body);
         Fingerprint(hasher.finalize().into())
+    }
+}
+
+/// The default fingerprint: xxh3-128 over the method, the path and query, and the body, each
+/// part length-prefixed; the 16 digest bytes are followed by a tag naming the kind. A stored
+/// fingerprint of [`Sha256Fingerprint`] (the earlier default) is [recognized](Fingerprinter::recognizes):
+/// the request's SHA-256 is computed then, only on that path.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_once_idempotency::fingerprint::{Fingerprinter, Sha256Fingerprint, Xxh3Fingerprint};
+///
+/// let (parts, ()) = http::Request::post("/charges").body(()).unwrap().into_parts();
+/// let body = Bytes::from_static(b"{\"amount\":5}");
+/// let fast = Xxh3Fingerprint.fingerprint(&parts, &body);
+/// assert_eq!(fast, Xxh3Fingerprint.fingerprint(&parts, &body));
+/// assert_ne!(fast, Xxh3Fingerprint.fingerprint(&parts, &Bytes::from_static(b"{}")));
+/// // A record stored under SHA-256 before an upgrade still matches its retry.
+/// let before = Sha256Fingerprint.fingerprint(&parts, &body);
+/// assert!(Xxh3Fingerprint.recognizes(&parts, &body, &before));
+/// assert!(!Xxh3Fingerprint.recognizes(&parts, &Bytes::new(), &before));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Xxh3Fingerprint;
+
+/// The second half of an [`Xxh3Fingerprint`]: its kind and version.
+const XXH3_TAG: &[u8; 16] = b"tower-once xxh3\x01";
+
+impl Fingerprinter for Xxh3Fingerprint {
+    fn fingerprint(&self, parts: &Parts, body: &Bytes) -> Fingerprint {
+        use xxhash_rust::xxh3::Xxh3Default;
+        let mut hasher = Xxh3Default::new();
+        hasher.update(b"tower-once/fingerprint/xxh3/v1");
+        let method = parts.method.as_str().as_bytes();
+        hasher.update(&(method.len() as u64).to_be_bytes());
+        hasher.update(method);
+        let path = crate::path::addressed(parts);
+        match parts.uri.query() {
+            Some(query) => {
+                let len = path.len() + 1 + query.len();
+                hasher.update(&(len as u64).to_be_bytes());
+                hasher.update(path.as_bytes());
+                hasher.update(b"?");
+                hasher.update(query.as_bytes());
+            }
+            None => {
+                hasher.update(&(path.len() as u64).to_be_bytes());
+                hasher.update(path.as_bytes());
+            }
+        }
+        hasher.update(&(body.len() as u64).to_be_bytes());
+        hasher.update(body);
+        let mut bytes = [0u8; 32];
+        bytes[..16].copy_from_slice(&hasher.digest128().to_be_bytes());
+        bytes[16..].copy_from_slice(XXH3_TAG);
+        Fingerprint(bytes)
+    }
+
+    fn recognizes(&self, parts: &Parts, body: &Bytes, stored: &Fingerprint) -> bool {
+        stored.0[16..] != *XXH3_TAG && Sha256Fingerprint.fingerprint(parts, body) == *stored
     }
 }

@@ -1,5 +1,5 @@
 use crate::config::{Config, Settings, MAX_DURATION};
-use crate::fingerprint::{Fingerprinter, Sha256Fingerprint};
+use crate::fingerprint::{Fingerprinter, Xxh3Fingerprint};
 use crate::predicate::{DefaultPredicate, StorePredicate};
 use crate::scope::Scope;
 use crate::service::Idempotency;
@@ -33,8 +33,7 @@ use tower_layer::Layer;
 /// # let _ = layer;
 /// ```
 #[derive(Clone)]
-pub struct IdempotencyLayer<St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate>
-{
+pub struct IdempotencyLayer<St = MemoryStore, Sc = (), F = Xxh3Fingerprint, P = DefaultPredicate> {
     store: St,
     scope: Sc,
     config: Config<F, P>,
@@ -75,7 +74,7 @@ impl<St> IdempotencyLayer<St> {
             config: Config {
                 settings: Arc::new(Settings::default()),
                 detached: Default::default(),
-                fingerprinter: Sha256Fingerprint,
+                fingerprinter: Xxh3Fingerprint,
                 predicate: DefaultPredicate,
             },
         }

@@ -44,8 +44,10 @@
 //!    behind a feature), so nested routers never share records. The same key on another method or path is another record (keys
 //!    are scoped per endpoint, as in the IETF draft and at Stripe).
 //! 3. **Body.** Buffered up to [`body_limit`](IdempotencyLayer::body_limit) (`Content-Length` is
-//!    checked first): over it, `413` and the handler never runs. The [fingerprint] is SHA-256 of
-//!    method, path and query, and body.
+//!    checked first): over it, `413` and the handler never runs. The [fingerprint] is xxh3-128 of
+//!    method, path and query, and body (SHA-256 on request; the [fingerprint] module says why
+//!    either is enough, and how a record stored under the earlier SHA-256 default still
+//!    replays).
 //! 4. **Claim.** One store round trip either claims the key for a random [`ClaimToken`] with a
 //!    short lease, or returns the record that holds it.
 //! 5. **Run.** The handler runs with the [`ClaimToken`] and the record's

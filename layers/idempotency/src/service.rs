@@ -1,6 +1,6 @@
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
-use crate::fingerprint::{Fingerprinter, Sha256Fingerprint};
+use crate::fingerprint::{Fingerprinter, Xxh3Fingerprint};
 use crate::future::ResponseFuture;
 use crate::predicate::{DefaultPredicate, StorePredicate};
 use crate::problem::ProblemKind;
@@ -17,7 +17,7 @@ use tower_service::Service;
 /// Middleware that runs each keyed request's handler once and replays its response to retries.
 ///
 /// Built by [`IdempotencyLayer`](crate::IdempotencyLayer); see the [crate docs](crate).
-pub struct Idempotency<S, St = MemoryStore, Sc = (), F = Sha256Fingerprint, P = DefaultPredicate> {
+pub struct Idempotency<S, St = MemoryStore, Sc = (), F = Xxh3Fingerprint, P = DefaultPredicate> {
     inner: S,
     store: St,
     scope: Sc,

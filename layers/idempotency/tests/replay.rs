@@ -72,6 +72,28 @@ async fn reusing_a_key_for_another_request_is_422_and_runs_nothing() {
     assert_eq!(handler.runs(), 2);
 }
 
+/// A deploy that changes the fingerprint's kind (the default was SHA-256, it is xxh3 now):
+/// the records stored before it still replay to their retries, and still refuse another body.
+#[tokio::test(start_paused = true)]
+async fn a_record_stored_under_the_earlier_sha256_default_still_replays_after_an_upgrade() {
+    use tower_once_idempotency::fingerprint::Sha256Fingerprint;
+    use tower_once_idempotency::store::MemoryStore;
+    let handler = Handler::default();
+    let store = MemoryStore::new();
+    let before = IdempotencyLayer::with_store(store.clone())
+        .fingerprint_with(Sha256Fingerprint)
+        .layer(handler.clone());
+    let after = IdempotencyLayer::with_store(store).layer(handler.clone());
+    let first = send(&before, post("/charges", Some("k"), "a")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = send(&after, post("/charges", Some("k"), "a")).await;
+    assert!(retry.replayed(), "{:?}", retry.status);
+    assert_eq!(retry.body, first.body);
+    let other = send(&after, post("/charges", Some("k"), "b")).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(handler.runs(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_layers_own_422_is_told_apart_from_a_handlers_by_its_problem_type() {
     let handler = Handler::default();

@@ -3,7 +3,6 @@
 
 use crate::body::ResponseBody;
 use crate::config::IDEMPOTENT_REPLAYED;
-use crate::fingerprint::Fingerprint;
 use crate::metrics::Outcome;
 use crate::problem::{ProblemKind, Problems};
 use crate::store::{ExistingRecord, RecordState};
@@ -32,9 +31,9 @@ pub(super) fn existing<B: Body>(
     grpc: bool,
     in_progress_retry_after: Duration,
     record: ExistingRecord,
-    fingerprint: &Fingerprint,
+    same_request: bool,
 ) -> Response<ResponseBody<B>> {
-    if record.fingerprint != *fingerprint {
+    if !same_request {
         Outcome::Mismatch.record(span);
         return problem(problems, grpc, ProblemKind::FingerprintMismatch, None);
     }

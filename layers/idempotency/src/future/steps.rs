@@ -128,16 +128,26 @@ where
                     future: self.service.call(request.map(RequestBody::full)),
                 }
             }
-            Ok(ClaimOutcome::Existing(record)) => State::Finish {
-                result: Some(Ok(replay::existing(
-                    span,
-                    &settings.problems,
-                    self.grpc,
-                    settings.in_progress_retry_after,
-                    record,
-                    &self.fingerprint,
-                ))),
-            },
+            Ok(ClaimOutcome::Existing(record)) => {
+                // NOTE: a record stored under another fingerprint kind (an earlier default)
+                // may still be this request's: asked only before a `422`.
+                let same = record.fingerprint == self.fingerprint || {
+                    let (parts, body) = request.into_parts();
+                    self.config
+                        .fingerprinter
+                        .recognizes(&parts, &body, &record.fingerprint)
+                };
+                State::Finish {
+                    result: Some(Ok(replay::existing(
+                        span,
+                        &settings.problems,
+                        self.grpc,
+                        settings.in_progress_retry_after,
+                        record,
+                        same,
+                    ))),
+                }
+            }
             Err(error) => {
                 // The claim may have landed even though its answer did not arrive.
                 pending::release_in_background(
