@@ -97,9 +97,13 @@
 //! Storing the response is a separate write after the handler: if that write fails, duplicates
 //! get `409` until the lease expires and then run again. Nothing in a middleware can close that
 //! window; a handler that writes its effect and the record in one transaction can: with the
-//! Postgres store (feature `postgres`) it takes its [`Claim`] and stores its response with
-//! [`respond_in`](Claim::respond_in) in its own transaction, fenced by the claim, so both commit
-//! or neither, and a stale owner's effect never commits.
+//! Postgres store (feature `postgres`) made
+//! [`transactional`](store::postgres::PostgresStore::transactional), the claim opens the
+//! handler's transaction with the key's lock: the handler writes its effects on
+//! [`Claim::transaction`] and [`Claim::commit`] writes the record and commits, so claim, effects
+//! and record are one commit, and a crash before it frees the key at once. With the default
+//! two-step claim, [`respond_in`](Claim::respond_in) stores the response in the handler's own
+//! transaction, fenced by the claim.
 //!
 #![doc = include_str!("../docs/stores.md")]
 //!
@@ -148,7 +152,7 @@
 //! | feature       | enables |
 //! |---------------|---------|
 //! | `redis`       | `store::redis`: `RedisStore` for Redis and Redis Cluster |
-//! | `postgres`    | `store::postgres`: `PostgresStore`, and [`Claim::respond_in`] to complete a claim in the handler's transaction |
+//! | `postgres`    | `store::postgres`: `PostgresStore`, [`Claim::transaction`] and [`Claim::commit`] (one transaction per fresh request), [`Claim::respond_in`] (the two-step claim) |
 //! | `conformance` | [`store::conformance`], the test suite for store implementations |
 //! | `metrics`     | `tower_once_idempotency_requests_total{outcome}`, one per covered request, through the `metrics` facade |
 //! | `axum`        | nothing any more: records always follow axum's `OriginalUri`; kept so that manifests naming it build |

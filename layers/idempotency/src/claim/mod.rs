@@ -21,6 +21,11 @@ use std::time::Duration;
 /// `RunOnceLayer` in those of every job it claimed. The handler then records its outcome in the
 /// transaction that writes its effects: both commit, or neither does.
 ///
+/// - On a [`transactional`](crate::store::postgres::PostgresStore::transactional) store the
+///   claim opened the handler's transaction, holding the key's lock: `claim.transaction().await`
+///   hands it over, and `claim.commit(tx, response).await` (jobs: `claim.commit(tx, ())`)
+///   writes the record and commits, one commit for claim, effects and record. The rest of this
+///   list is the default two-step claim.
 /// - HTTP: `claim.respond_in(&mut tx, response)` stores the response the handler returns, and
 ///   returns it; once the handler returns, the layer reads the record and writes nothing more
 ///   if it committed (it stores the response itself if the transaction committed without
