@@ -83,3 +83,80 @@ async fn a_database_restart_answers_503_then_recovers_with_its_records() {
     );
     assert_eq!(runs.load(SeqCst), 2);
 }
+
+/// The transactional store across a crash of the database while a handler holds its claim's
+/// transaction (its charge written, not committed): the commit fails, nothing is stored, and
+/// once the database is back the client's retry charges once and later retries replay it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_crash_mid_transaction_leaves_the_retry_to_charge_once() {
+    use tower_once_idempotency::store::postgres::sqlx;
+    use tower_once_idempotency::{Claim, ClaimError};
+    let mut server = PostgresServer::start();
+    let store = PostgresStore::connect(&server.url())
+        .await
+        .unwrap()
+        .transactional();
+    store.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE charges (id bigserial PRIMARY KEY)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (entered, gate, runs) = (entered.clone(), gate.clone(), runs.clone());
+        move |claim: Claim<PostgresStore>| {
+            let (entered, gate, runs) = (entered.clone(), gate.clone(), runs.clone());
+            async move {
+                let first = runs.fetch_add(1, SeqCst) == 0;
+                let answer: Result<axum::response::Response, ClaimError> = async {
+                    let mut tx = claim.transaction().await?;
+                    sqlx::query("INSERT INTO charges DEFAULT VALUES")
+                        .execute(&mut *tx)
+                        .await?;
+                    if first {
+                        entered.notify_one();
+                        gate.notified().await;
+                    }
+                    claim.commit(tx, (StatusCode::CREATED, "charged")).await
+                }
+                .await;
+                axum::response::IntoResponse::into_response(answer)
+            }
+        }
+    };
+    let router = Router::new()
+        .route("/charges", post(handler))
+        .layer(IdempotencyLayer::with_store(store.clone()));
+
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { status(&router, "k").await }
+    });
+    entered.notified().await;
+    server.stop();
+    gate.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::SERVICE_UNAVAILABLE);
+
+    server.restart();
+    let started = Instant::now();
+    loop {
+        match status(&router, "k").await {
+            (StatusCode::CREATED, false) => break,
+            (StatusCode::SERVICE_UNAVAILABLE, _) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status(&router, "k").await, (StatusCode::CREATED, true));
+    let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(charges, 1);
+}
