@@ -36,6 +36,8 @@ enum Plan {
     Held,
     /// Answer 201 without taking the transaction (the layer records it).
     Untaken,
+    /// Answer 503 without taking the transaction (the layer releases it).
+    UntakenFailure,
     /// Charge, commit, then take the transaction again and commit again.
     Twice,
     /// Charge at `SERIALIZABLE` after reading every charge, say so and wait for the gate, commit.
@@ -94,8 +96,12 @@ async fn handle(
     plan: Plan,
 ) -> Result<Response, ClaimError> {
     let answer = format!("charge {run}");
-    if let Plan::Untaken = plan {
-        return Ok((StatusCode::CREATED, answer).into_response());
+    match plan {
+        Plan::Untaken => return Ok((StatusCode::CREATED, answer).into_response()),
+        Plan::UntakenFailure => {
+            return Ok((StatusCode::SERVICE_UNAVAILABLE, answer).into_response());
+        }
+        _ => {}
     }
     let mut tx = claim.transaction().await?;
     match plan {
@@ -418,4 +424,31 @@ async fn the_lock_bounds_a_frozen_owner_by_the_idle_timeout() {
     let first = first.await.unwrap();
     assert_eq!(first.0, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
     assert_eq!(db.charges().await, 1);
+}
+
+/// The answer to a failed run is sent only once its transaction has ended: a retry sent on
+/// that answer never finds the key still taken (it once could, while the dropped transaction's
+/// rollback was still on its way to the database).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_sent_on_the_failures_answer_never_finds_the_key_taken() {
+    let db = ChargesDb::new().await;
+    let plans: Vec<Plan> = (0..50)
+        .flat_map(|i| {
+            let failure = if i % 2 == 0 {
+                Plan::FailBeforeCommit
+            } else {
+                Plan::UntakenFailure
+            };
+            [failure, Plan::Answer(StatusCode::CREATED)]
+        })
+        .collect();
+    let (app, router) = app(&db, &plans).await;
+    for i in 0..50 {
+        let key = format!("k{i}");
+        let failed = charge_through(&router, &key, "{}").await;
+        assert_eq!(failed.0, StatusCode::SERVICE_UNAVAILABLE, "{failed:?}");
+        let retry = charge_through(&router, &key, "{}").await;
+        assert_eq!(retry.0, StatusCode::CREATED, "key {i}: {retry:?}");
+    }
+    assert_eq!((app.runs(), db.charges().await), (100, 50));
 }

@@ -410,8 +410,10 @@ impl IdempotencyStore for PostgresStore {
 
     fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {
         if self.shared.transactional {
-            let released = self.release_in_transaction(key, token);
-            return Box::pin(std::future::ready(Ok(released)));
+            let store = self.clone();
+            return self.bounded(move |_, _| async move {
+                Ok(store.release_in_transaction(key, token).await)
+            });
         }
         self.bounded(move |pool, shared| async move {
             let done = sqlx::query(&shared.queries.release)

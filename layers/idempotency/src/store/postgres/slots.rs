@@ -19,8 +19,9 @@ pub(super) enum Slot {
     Taken,
     /// Committed by the handler through its claim.
     Committed,
-    /// Taken and dropped without a commit: rolled back.
-    RolledBack,
+    /// Taken and dropped without a commit: rolled back, or being rolled back until this
+    /// says it is done.
+    RolledBack(Option<tokio::sync::oneshot::Receiver<()>>),
 }
 
 struct Entry {
@@ -114,15 +115,22 @@ impl Slots {
         });
     }
 
-    pub(super) fn rolled_back(&self, token: ClaimToken) {
-        self.with(|map| {
-            if let Some(entry) = map.get_mut(&token) {
-                if matches!(entry.slot, Slot::Taken | Slot::Renewing) {
-                    entry.slot = Slot::RolledBack;
-                }
+    /// Marks a taken transaction dropped; the sender says when it has ended.
+    pub(super) fn rolled_back(
+        &self,
+        token: ClaimToken,
+    ) -> Option<tokio::sync::oneshot::Sender<()>> {
+        let sender = self.with(|map| {
+            let entry = map.get_mut(&token)?;
+            if !matches!(entry.slot, Slot::Taken | Slot::Renewing) {
+                return None;
             }
+            let (sender, receiver) = tokio::sync::oneshot::channel();
+            entry.slot = Slot::RolledBack(Some(receiver));
+            Some(sender)
         });
         self.renewed.notify_waiters();
+        sender
     }
 
     /// Renews the entry's lease. A parked transaction is handed out to be kept alive on the
@@ -178,21 +186,21 @@ impl Slots {
     }
 
     /// For a job's claim whose handler took the transaction: committed (the entry goes), rolled
-    /// back (it goes, and the layer releases), or still held.
+    /// back (left for the layer's release, which waits for the rollback), or still held.
     pub(super) fn settled(&self, token: ClaimToken) -> Settled {
-        let slot = self.with(|map| match map.get(&token) {
+        self.with(|map| match map.get(&token) {
             Some(Entry {
-                slot: Slot::Committed | Slot::RolledBack,
+                slot: Slot::Committed,
                 ..
-            }) => map.remove(&token),
-            _ => None,
-        });
-        match slot {
+            }) => {
+                map.remove(&token);
+                Settled::Done
+            }
             Some(Entry {
-                slot: Slot::RolledBack,
+                slot: Slot::RolledBack(_),
                 ..
             }) => Settled::Release,
             _ => Settled::Done,
-        }
+        })
     }
 }

@@ -35,7 +35,8 @@ const TRIES: usize = 3;
 /// running included: the effects and the lock go, and a retry runs the handler again at once.
 /// Savepoints work as on any connection (`sqlx::Acquire::begin(&mut *tx)`).
 pub struct ClaimTransaction {
-    conn: PoolConnection<Postgres>,
+    // `Some` until the transaction ends (its drop takes it to end it on a task).
+    conn: Option<PoolConnection<Postgres>>,
     key: StoreKey,
     token: ClaimToken,
     fingerprint: Fingerprint,
@@ -59,36 +60,67 @@ impl Deref for ClaimTransaction {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        &self.conn
+        match &self.conn {
+            Some(conn) => conn,
+            None => unreachable!("a transaction's connection is taken only as it ends"),
+        }
     }
 }
 
 impl DerefMut for ClaimTransaction {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.conn
+        match &mut self.conn {
+            Some(conn) => conn,
+            None => unreachable!("a transaction's connection is taken only as it ends"),
+        }
     }
 }
 
 impl Drop for ClaimTransaction {
     fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
         if !self.open {
             return;
         }
-        if self.taken {
-            // NOTE: dropped by its handler (an error, a panic, a cancelled or timed-out
-            // request), maybe with a statement still running: a queued rollback would wait
-            // for that statement before it freed the key. The connection is closed instead;
-            // Postgres ends the transaction, and with it the lock, as soon as it sees the
-            // connection gone (at once when idle; within `client_connection_check_interval`
-            // during a statement, on Postgres 14 and later).
-            self.conn.close_on_drop();
-        } else {
+        if !self.taken {
             // Queued, sent with the connection's next use (the pool's check on its return),
-            // as `sqlx::Transaction` does; the lock goes with it.
-            PgTransactionManager::start_rollback(&mut self.conn);
+            // as `sqlx::Transaction` does; the lock goes with it. (The layer's own release
+            // rolls back with `rollback` instead, and waits for it.)
+            PgTransactionManager::start_rollback(&mut conn);
+            return;
         }
-        if let Some(slots) = self.slots.upgrade() {
-            slots.rolled_back(self.token);
+        // NOTE: dropped by its handler (an error, a panic, a cancelled or timed-out request),
+        // maybe with a statement still running. It is ended on a task, and the layer's release
+        // waits for that before the client is answered, so that a retry sent on the answer
+        // finds the key free: a rollback, or, when a statement still runs on the connection,
+        // closing it (Postgres 14 and later notice within `client_connection_check_interval`).
+        let ended = self.slots.upgrade().and_then(|s| s.rolled_back(self.token));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    end(conn).await;
+                    if let Some(ended) = ended {
+                        let _ = ended.send(());
+                    }
+                });
+            }
+            Err(_) => conn.close_on_drop(),
+        }
+    }
+}
+
+/// How long a dropped transaction's rollback may wait for a statement still running on its
+/// connection before the connection is closed instead.
+const ROLLBACK_WAIT: Duration = Duration::from_millis(50);
+
+/// Ends a transaction its handler dropped: rolled back, or its connection closed.
+async fn end(mut conn: PoolConnection<Postgres>) {
+    match tokio::time::timeout(ROLLBACK_WAIT, PgTransactionManager::rollback(&mut conn)).await {
+        Ok(Ok(())) => {}
+        _ => {
+            let _ = conn.close().await;
         }
     }
 }
@@ -107,7 +139,18 @@ impl ClaimTransaction {
     /// One statement, so that Postgres does not count the transaction idle (its idle bound is
     /// the lease, renewed this way while the handler runs without it).
     async fn keep_alive(&mut self) -> Result<(), sqlx::Error> {
-        self.conn.execute("SELECT 1").await.map(drop)
+        (**self).execute("SELECT 1").await.map(drop)
+    }
+
+    /// Rolls back now (the layer's release: it answers once the key is free).
+    pub(super) async fn rollback(mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        self.open = false;
+        if PgTransactionManager::rollback(&mut conn).await.is_err() {
+            let _ = conn.close().await;
+        }
     }
 
     /// Inserts the completed record and commits. `Ok(false)`: a live record of another claim
@@ -119,9 +162,10 @@ impl ClaimTransaction {
         retention: Duration,
     ) -> Result<bool, sqlx::Error> {
         let query = &store.shared.queries.record;
-        let inserted = completion_statement(query, &self.key, self.token, completion, retention)
-            .bind(self.fingerprint.as_bytes().as_slice())
-            .execute(&mut *self.conn)
+        let (key, fingerprint) = (self.key, self.fingerprint);
+        let inserted = completion_statement(query, &key, self.token, completion, retention)
+            .bind(fingerprint.as_bytes().as_slice())
+            .execute(&mut *self)
             .await?
             .rows_affected();
         if inserted != 1 {
@@ -136,7 +180,7 @@ impl ClaimTransaction {
         // NOTE: open until the commit succeeded, as `sqlx::Transaction` does: a failed (or
         // dropped) commit leaves sqlx counting a transaction on the connection, and the drop's
         // queued rollback ends that count, so the pooled connection begins cleanly next time.
-        PgTransactionManager::commit(&mut self.conn).await?;
+        PgTransactionManager::commit(&mut self).await?;
         self.open = false;
         if let Some(slots) = self.slots.upgrade() {
             slots.committed(self.token);
@@ -187,7 +231,7 @@ impl PostgresStore {
                         unreachable!("just set")
                     };
                     let tx = ClaimTransaction {
-                        conn,
+                        conn: Some(conn),
                         key,
                         token,
                         fingerprint,
@@ -307,7 +351,10 @@ impl PostgresStore {
                 tracing::warn!("the handler still holds its claim's transaction: the layer records nothing; its own commit decides");
                 Ok(false)
             }
-            Some(Slot::RolledBack) => {
+            Some(Slot::RolledBack(ended)) => {
+                if let Some(ended) = ended {
+                    let _ = ended.await;
+                }
                 tracing::warn!("the handler took its claim's transaction and dropped it without Claim::commit: its effects rolled back and nothing is stored, so a retry runs it again");
                 Ok(false)
             }
@@ -315,14 +362,21 @@ impl PostgresStore {
         }
     }
 
-    /// The layer's release of a transactional claim: an untaken transaction rolls back.
-    pub(super) fn release_in_transaction(&self, key: StoreKey, token: ClaimToken) -> bool {
+    /// The layer's release of a transactional claim: an untaken transaction rolls back, one
+    /// its handler dropped is waited for; either way the key is free when this returns.
+    pub(super) async fn release_in_transaction(self, key: StoreKey, token: ClaimToken) -> bool {
         match self.slots.finish(key, token) {
             Some(Slot::Parked(tx)) => {
-                drop(tx);
+                tx.rollback().await;
                 true
             }
-            Some(Slot::Taken | Slot::Renewing | Slot::RolledBack) => true,
+            Some(Slot::RolledBack(ended)) => {
+                if let Some(ended) = ended {
+                    let _ = ended.await;
+                }
+                true
+            }
+            Some(Slot::Taken | Slot::Renewing) => true,
             Some(Slot::Committed) | None => false,
         }
     }
