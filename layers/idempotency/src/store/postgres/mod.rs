@@ -79,10 +79,11 @@
 //!   the owner can never commit afterwards. A handler that took the transaction may stay
 //!   idle in it at most a lease between its statements: keep slow calls to other services
 //!   out of it, or raise the lease.
-//! - **A dropped transaction frees the key at once**, even with a statement running on it:
-//!   its connection is closed rather than returned to the pool (on Postgres 14 and later the
-//!   session checks its client every 50 ms during a statement), so Postgres ends the
-//!   transaction and its lock. The pool opens a new connection in its place.
+//! - **A dropped transaction frees the key at once**, even with a statement running on it: it
+//!   is rolled back on a task (its connection closed instead when a statement still runs
+//!   after 50 ms; on Postgres 14 and later the session checks its client every 50 ms during a
+//!   statement), and the layer answers the request only once that is done, so a retry sent on
+//!   the answer finds the key free.
 //! - **Isolation** is the session's default (`READ COMMITTED` unless configured): the
 //!   transaction has begun before the handler runs, so set another level on the pool's
 //!   connections (`default_transaction_isolation`). At `REPEATABLE READ` and above the lock

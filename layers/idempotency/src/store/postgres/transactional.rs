@@ -31,8 +31,9 @@ const TRIES: usize = 3;
 ///
 /// It has no `commit` of its own, so that effects never commit without their record. Dropped
 /// without [`Claim::commit`](crate::Claim::commit) (an error returned with `?`, a panic, a
-/// cancelled request), its connection is closed and Postgres rolls it back, a statement still
-/// running included: the effects and the lock go, and a retry runs the handler again at once.
+/// cancelled request), it is rolled back on a task (its connection closed if a statement is
+/// still running): the effects and the lock go, the layer answers once they have, and a retry
+/// runs the handler again at once.
 /// Savepoints work as on any connection (`sqlx::Acquire::begin(&mut *tx)`).
 pub struct ClaimTransaction {
     // `Some` until the transaction ends (its drop takes it to end it on a task).
