@@ -7,12 +7,14 @@
 //!
 //! Why a fast non-cryptographic hash is enough: a fingerprint is only ever compared with the
 //! record of the same key in the same scope (the record's key itself is SHA-256 over the scope,
-//! the route and the key, so no tenant reaches another's records). A collision, found by chance
-//! (1 in 2¹²⁸) or crafted, can only make one client's second, different request under its own
-//! key look like its first, and get the first's answer instead of a `422`. For a threat model
-//! where that matters, [`Sha256Fingerprint`] is one builder call away. The fingerprint carries
-//! its kind: a record stored under SHA-256 (the default before xxh3) still matches its retry,
-//! so a deploy that changes the default never turns in-flight retries into `422`.
+//! the route and the key, so no tenant reaches another's records). By chance two requests
+//! collide 1 in 2¹²⁸; on purpose it is easy (xxh3 has no secret: a client can build two
+//! different bodies with one fingerprint in microseconds). Either way the only effect is on
+//! that client's own key: its second, different request gets its first one's answer instead
+//! of a `422`, and nothing runs twice. Where a client must not be able to do even that (the
+//! `422` is a check you rely on, not a courtesy), use [`Sha256Fingerprint`]. Each fingerprint
+//! carries its kind, and each of the two recognizes the other's records, so changing from one
+//! to the other in a deploy never turns in-flight retries into `422`.
 //!
 //! Replace it with [`IdempotencyLayer::fingerprint_with`](crate::IdempotencyLayer::fingerprint_with)
 //! when some part of a request may legitimately change between attempts (for example a
@@ -101,7 +103,9 @@ where
 }
 
 /// SHA-256 over the method, the path and query, and the body: the default before
-/// [`Xxh3Fingerprint`], for deployments that want a collision-resistant fingerprint.
+/// [`Xxh3Fingerprint`], for deployments that want a collision-resistant fingerprint (no client
+/// can then make two different requests look alike). It recognizes records stored under
+/// [`Xxh3Fingerprint`].
 ///
 /// Each part is length-prefixed, so no two different requests share an input.
 ///
@@ -139,6 +143,12 @@ impl Fingerprinter for Sha256Fingerprint {
         }
         crate::digest::update_framed(&mut hasher, body);
         Fingerprint(hasher.finalize().into())
+    }
+
+    /// A record stored under [`Xxh3Fingerprint`] (the default) is recognized, so that moving
+    /// to SHA-256 does not turn in-flight retries into `422`.
+    fn recognizes(&self, parts: &Parts, body: &Bytes, stored: &Fingerprint) -> bool {
+        stored.0[16..] == *XXH3_TAG && Xxh3Fingerprint.fingerprint(parts, body) == *stored
     }
 }
 

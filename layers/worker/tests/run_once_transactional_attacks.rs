@@ -40,10 +40,13 @@ impl Fixture {
     }
 
     async fn effects(&self) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM {}.effects", self.schema.name))
-            .fetch_one(self.store.pool())
-            .await
-            .unwrap()
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.effects",
+            self.schema.name
+        ))
+        .fetch_one(self.store.pool())
+        .await
+        .unwrap()
     }
 }
 
@@ -199,11 +202,14 @@ async fn a_run_cancelled_before_taking_the_transaction_frees_the_job_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_after_writing_the_effect_rolls_back_and_runs_again_at_once() {
     let fixture = Fixture::new().await;
-    let (h, runs) = handler(fixture.schema.name.clone(), |schema, job, claim| async move {
-        let mut tx = claim.transaction().await.map_err(JobError::transient)?;
-        effect(&schema, &job, &mut tx).await?;
-        panic!("after the effect");
-    });
+    let (h, runs) = handler(
+        fixture.schema.name.clone(),
+        |schema, job, claim| async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            panic!("after the effect");
+        },
+    );
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
     let first = tokio::spawn(run_once.clone().oneshot(job_of("1-0", "job-q")));
     assert!(first.await.unwrap_err().is_panic());
@@ -225,11 +231,14 @@ async fn every_failed_run_is_retried_at_once_without_in_progress() {
     let mut outcomes = Vec::new();
     for i in 0..40 {
         // A fresh service each time, so each job's first run fails.
-        let (h, _) = handler(fixture.schema.name.clone(), |schema, job, claim| async move {
-            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
-            effect(&schema, &job, &mut tx).await?;
-            Err(JobError::transient("failed before the commit"))
-        });
+        let (h, _) = handler(
+            fixture.schema.name.clone(),
+            |schema, job, claim| async move {
+                let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+                effect(&schema, &job, &mut tx).await?;
+                Err(JobError::transient("failed before the commit"))
+            },
+        );
         let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
         let id = format!("job-f{i}");
         assert!(run_once.clone().oneshot(job_of("1-0", &id)).await.is_err());
@@ -286,14 +295,21 @@ async fn a_killed_connection_mid_handler_runs_the_job_again_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_after_the_commit_never_runs_the_job_again() {
     let fixture = Fixture::new().await;
-    let (h, runs) = handler(fixture.schema.name.clone(), |schema, job, claim| async move {
-        let mut tx = claim.transaction().await.map_err(JobError::transient)?;
-        effect(&schema, &job, &mut tx).await?;
-        claim.commit(tx, ()).await.map_err(JobError::transient)?;
-        Err(JobError::transient("a later step failed"))
-    });
+    let (h, runs) = handler(
+        fixture.schema.name.clone(),
+        |schema, job, claim| async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            claim.commit(tx, ()).await.map_err(JobError::transient)?;
+            Err(JobError::transient("a later step failed"))
+        },
+    );
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
-    assert!(run_once.clone().oneshot(job_of("1-0", "job-e")).await.is_err());
+    assert!(run_once
+        .clone()
+        .oneshot(job_of("1-0", "job-e"))
+        .await
+        .is_err());
     let retry = run_once.clone().oneshot(job_of("1-0", "job-e")).await;
     assert!(
         matches!(retry, Ok(RunOnceOutcome::Duplicate)),
@@ -309,15 +325,18 @@ async fn an_error_after_the_commit_never_runs_the_job_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ok_returned_while_the_transaction_is_still_held_is_not_acknowledged_without_a_commit() {
     let fixture = Fixture::new().await;
-    let (h, runs) = handler(fixture.schema.name.clone(), |schema, job, claim| async move {
-        let mut tx = claim.transaction().await.map_err(JobError::transient)?;
-        effect(&schema, &job, &mut tx).await?;
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            drop(tx);
-        });
-        Ok(())
-    });
+    let (h, runs) = handler(
+        fixture.schema.name.clone(),
+        |schema, job, claim| async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                drop(tx);
+            });
+            Ok(())
+        },
+    );
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
     let first = run_once.clone().oneshot(job_of("1-0", "job-h")).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -353,10 +372,15 @@ async fn duplicates_while_the_job_runs_never_run_it() {
     let other = run_once.clone().oneshot(job_of("2-0", "job-d")).await;
     gate.notify_one();
     let first = first.await.unwrap();
-    assert!(matches!(first, Ok(RunOnceOutcome::Done(()))), "{}", describe(&first));
+    assert!(
+        matches!(first, Ok(RunOnceOutcome::Done(()))),
+        "{}",
+        describe(&first)
+    );
     for r in [&same, &other] {
         assert!(
-            matches!(r, Ok(RunOnceOutcome::Duplicate)) || r.as_ref().is_err_and(|e| e.is_in_progress()),
+            matches!(r, Ok(RunOnceOutcome::Duplicate))
+                || r.as_ref().is_err_and(|e| e.is_in_progress()),
             "{}",
             describe(r)
         );

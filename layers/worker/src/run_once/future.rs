@@ -35,6 +35,31 @@ pin_project! {
         #[pin]
         state: State<S, St>,
     }
+
+    impl<S, St> PinnedDrop for ResponseFuture<S, St>
+    where
+        S: Service<Job>,
+        St: IdempotencyStore,
+    {
+        // NOTE: dropped while the handler runs (a panic, a deadline, a shutdown that cancels):
+        // the claim is released at once (fenced by its token, so a record that committed
+        // stays), rather than held until its lease runs out.
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if !matches!(*this.state, State::Running { .. } | State::Checking { .. }) {
+                return;
+            }
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let release = this.store.release(*this.key, *this.token);
+            runtime.spawn(async move {
+                if let Err(error) = release.await {
+                    tracing::warn!(%error, "run-once: could not release the claim of a dropped run; it frees itself when its lease ends");
+                }
+            });
+        }
+    }
 }
 
 pin_project! {
@@ -61,6 +86,8 @@ pin_project! {
         Abandoning { release: St::ReleaseFuture },
         Completing { complete: St::CompleteFuture, response: Option<S::Response> },
         Releasing { release: St::ReleaseFuture, error: Option<S::Error> },
+        // Answered.
+        Done,
     }
 }
 
@@ -95,6 +122,7 @@ impl<S: Service<Job>, St: IdempotencyStore> fmt::Debug for ResponseFuture<S, St>
             State::Abandoning { .. } => "abandoning",
             State::Completing { .. } => "completing",
             State::Releasing { .. } => "releasing",
+            State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("key", &self.key)
@@ -164,12 +192,14 @@ where
                             release: this.store.release(*this.key, *this.token),
                         },
                         Ok(Settled::Done) => {
-                            return Poll::Ready(Ok(RunOnceOutcome::Done(response)))
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(RunOnceOutcome::Done(response)));
                         }
                         Err(error) => {
                             // Unknown: the record may have committed with the effects. As
                             // before the check, the handler's word stands.
                             tracing::warn!(key = %this.key, %error, "run-once: could not read the record the handler wrote; acknowledging");
+                            this.state.set(State::Done);
                             return Poll::Ready(Ok(RunOnceOutcome::Done(response)));
                         }
                     }
@@ -189,6 +219,7 @@ where
                         None => tower_once_core::polled_after_completion("ResponseFuture"),
                     });
                 }
+                StateProj::Done => tower_once_core::polled_after_completion("ResponseFuture"),
                 StateProj::Releasing { release, error } => {
                     let _ = ready!(Pin::new(release).poll(cx));
                     return Poll::Ready(match error.take() {

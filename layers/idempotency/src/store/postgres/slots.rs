@@ -185,8 +185,10 @@ impl Slots {
         .map(|entry| entry.slot)
     }
 
-    /// For a job's claim whose handler took the transaction: committed (the entry goes), rolled
-    /// back (left for the layer's release, which waits for the rollback), or still held.
+    /// For a job's claim whose handler took the transaction and returned `Ok`: committed (the
+    /// entry goes), or not (rolled back, or still held by a task the handler handed it to):
+    /// left for the layer's release (which waits for a rollback under way), and the job runs
+    /// again, since nothing says its effects committed.
     pub(super) fn settled(&self, token: ClaimToken) -> Settled {
         self.with(|map| match map.get(&token) {
             Some(Entry {
@@ -196,11 +198,8 @@ impl Slots {
                 map.remove(&token);
                 Settled::Done
             }
-            Some(Entry {
-                slot: Slot::RolledBack(_),
-                ..
-            }) => Settled::Release,
-            _ => Settled::Done,
+            Some(_) => Settled::Release,
+            None => Settled::Done,
         })
     }
 }
