@@ -12,7 +12,9 @@
 //! | store unreachable | returns an error that [`is_store`](RunOnceError::is_store) | leaves it pending (transient) |
 //!
 //! While the handler runs, the claim's lease is renewed every third of it, so a slow handler
-//! keeps it and a dead worker's claim expires within one lease. The record is kept for the
+//! keeps it and a dead worker's claim expires within one lease. A run dropped while its handler
+//! runs (a panic, a cancelled deadline or shutdown) releases its claim at once, on a task of
+//! its own (fenced by the claim: a record that committed stays). The record is kept for the
 //! retention period (default 24 h): a duplicate arriving later runs again.
 //!
 //! # Run-once in the job's transaction
@@ -52,8 +54,9 @@
 //! store the claim itself opens the job's transaction, holding the job id's lock: take it with
 //! `claim.transaction().await`, write the effects on it, and `claim.commit(tx, ()).await`
 //! records the job as done in the same commit. A failure, a panic or a crash before that commit
-//! frees the job id at once (no lease to wait out), and a handler that drops the transaction
-//! yet returns `Ok` is an error, so the job runs again.
+//! frees the job id at once (no lease to wait out), and a handler that returns `Ok` without
+//! having committed it (dropped, or still held by a task it was handed to) is an error, so the
+//! job runs again.
 //!
 //! What remains: effects outside that database (an email, another API) are not in the
 //! transaction; write them as outbox rows in it, and let the relay send them.
