@@ -50,8 +50,7 @@
 //! }
 //! ```
 //!
-//! On a [`transactional`](tower_once_idempotency::store::postgres::PostgresStore::transactional)
-//! store the claim itself opens the job's transaction, holding the job id's lock: take it with
+//! On a transactional store (`PostgresStore::transactional()`) the claim itself opens the job's transaction, holding the job id's lock: take it with
 //! `claim.transaction().await`, write the effects on it, and `claim.commit(tx, ()).await`
 //! records the job as done in the same commit. A failure, a panic or a crash before that commit
 //! frees the job id at once (no lease to wait out), and a handler that returns `Ok` without
