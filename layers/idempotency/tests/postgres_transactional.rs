@@ -452,3 +452,46 @@ async fn a_retry_sent_on_the_failures_answer_never_finds_the_key_taken() {
     }
     assert_eq!((app.runs(), db.charges().await), (100, 50));
 }
+
+/// The layer's completion while its renewal has the transaction out for its keep-alive: the
+/// completion waits for the transaction to come back and records it (it once found the entry
+/// "renewing", wrote nothing, and the key was free for a second run).
+#[tokio::test]
+async fn a_completion_during_a_renewal_still_records_the_answer() {
+    use tower_once_idempotency::fingerprint::Fingerprint;
+    use tower_once_idempotency::store::{
+        ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreKey,
+        StoredResponse,
+    };
+    let db = ChargesDb::new().await;
+    let store = db.store.clone().transactional();
+    let key = StoreKey::from_bytes([7; 32]);
+    let fingerprint = Fingerprint::from_bytes([1; 32]);
+    let (token, lease) = (ClaimToken::new(), Duration::from_secs(5));
+    let claimed = store.claim(key, token, fingerprint, lease).await.unwrap();
+    assert!(matches!(claimed, ClaimOutcome::Claimed));
+    // The renewal sends its keep-alive and waits for the answer.
+    let mut renewal = store.extend(key, token, lease);
+    tokio::select! {
+        biased;
+        _ = &mut renewal => panic!("the keep-alive answered before it was read"),
+        () = std::future::ready(()) => {}
+    }
+    let answer = StoredResponse::new(StatusCode::CREATED, Default::default(), "done".into());
+    let completed = store
+        .complete(key, token, Completion::Response(answer), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(completed, "the completion recorded the answer");
+    assert!(renewal.await.is_ok());
+    let again = store
+        .claim(key, ClaimToken::new(), fingerprint, lease)
+        .await
+        .unwrap();
+    match again {
+        ClaimOutcome::Existing(record) => {
+            assert!(matches!(record.state, RecordState::Completed(r) if r.body == "done"));
+        }
+        ClaimOutcome::Claimed => panic!("the key was free: the answer was never recorded"),
+    }
+}

@@ -30,6 +30,12 @@ struct Entry {
     until: Instant,
 }
 
+/// What [`Slots::finish`] found.
+pub(super) enum Finish {
+    Done(Option<Slot>),
+    Renewing,
+}
+
 /// What [`Slots::take`] found.
 pub(super) enum Take {
     Took(ClaimTransaction),
@@ -176,13 +182,18 @@ impl Slots {
     }
 
     /// Removes the entry of `token` if it is `key`'s, and returns it (dropping it is the
-    /// caller's, outside the lock).
-    pub(super) fn finish(&self, key: StoreKey, token: ClaimToken) -> Option<Slot> {
+    /// caller's, outside the lock); [`Finish::Renewing`] while a renewal has its transaction
+    /// out: wait for [`changed`](Self::changed) and ask again.
+    pub(super) fn finish(&self, key: StoreKey, token: ClaimToken) -> Finish {
         self.with(|map| match map.get(&token) {
-            Some(entry) if entry.key == key => map.remove(&token),
-            _ => None,
+            Some(entry) if entry.key == key && matches!(entry.slot, Slot::Renewing) => {
+                Finish::Renewing
+            }
+            Some(entry) if entry.key == key => {
+                Finish::Done(map.remove(&token).map(|entry| entry.slot))
+            }
+            _ => Finish::Done(None),
         })
-        .map(|entry| entry.slot)
     }
 
     /// For a job's claim whose handler took the transaction and returned `Ok`: committed (the

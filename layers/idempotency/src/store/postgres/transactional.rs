@@ -4,7 +4,7 @@
 //! rollback frees the key at once.
 
 use super::row::decode_claim;
-use super::slots::{Slot, Slots, Take};
+use super::slots::{Finish, Slot, Slots, Take};
 use super::{completion_statement, millis, PostgresStore};
 use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimOutcome, ClaimToken, Completion, ExistingRecord, RecordState, StoreKey};
@@ -315,24 +315,35 @@ impl PostgresStore {
         let Some(tx) = parked else {
             return Ok(true);
         };
-        // Given back even if this future is dropped half-way (then the transaction is closed).
-        let mut back = GiveBack {
-            slots: &self.slots,
-            token,
-            tx: Some(tx),
-        };
-        let kept = match back.tx.as_mut() {
-            Some(tx) => tx.keep_alive().await,
-            None => Ok(()),
-        };
-        if kept.is_err() {
-            // The connection failed: the transaction, and the key's lock, are gone.
-            if let Some(tx) = back.tx.as_mut() {
-                tx.taken = true;
+        // NOTE: on a task of its own, so that it ends (and gives the transaction back) even when
+        // the layer stops polling this renewal to complete or release the claim, which waits
+        // for the transaction to come back.
+        let slots = Arc::clone(&self.slots);
+        let kept = tokio::spawn(async move {
+            let mut back = GiveBack {
+                slots,
+                token,
+                tx: Some(tx),
+            };
+            let kept = match back.tx.as_mut() {
+                Some(tx) => tx.keep_alive().await,
+                None => Ok(()),
+            };
+            if kept.is_err() {
+                // The connection failed: the transaction, and the key's lock, are gone.
+                if let Some(tx) = back.tx.as_mut() {
+                    tx.taken = true;
+                }
             }
+            kept
+        })
+        .await;
+        match kept {
+            Ok(kept) => kept.map(|()| true),
+            Err(error) => Err(sqlx::Error::Protocol(format!(
+                "idempotency lease renewal: {error}"
+            ))),
         }
-        drop(back);
-        kept.map(|()| true)
     }
 
     /// The layer's completion of a transactional claim.
@@ -343,7 +354,7 @@ impl PostgresStore {
         completion: Completion,
         retention: Duration,
     ) -> Result<bool, sqlx::Error> {
-        match self.slots.finish(key, token) {
+        match self.finish_slot(key, token).await {
             // The handler did not take the transaction: the record commits alone, under the
             // lock it held while the handler ran.
             Some(Slot::Parked(tx)) => tx.record_and_commit(&self, &completion, retention).await,
@@ -366,7 +377,7 @@ impl PostgresStore {
     /// The layer's release of a transactional claim: an untaken transaction rolls back, one
     /// its handler dropped is waited for; either way the key is free when this returns.
     pub(super) async fn release_in_transaction(self, key: StoreKey, token: ClaimToken) -> bool {
-        match self.slots.finish(key, token) {
+        match self.finish_slot(key, token).await {
             Some(Slot::Parked(tx)) => {
                 tx.rollback().await;
                 true
@@ -384,13 +395,13 @@ impl PostgresStore {
 }
 
 /// A parked transaction out for renewal, given back to its slot when this is dropped.
-struct GiveBack<'a> {
-    slots: &'a Slots,
+struct GiveBack {
+    slots: Arc<Slots>,
     token: ClaimToken,
     tx: Option<ClaimTransaction>,
 }
 
-impl Drop for GiveBack<'_> {
+impl Drop for GiveBack {
     fn drop(&mut self) {
         if let Some(tx) = self.tx.take() {
             if tx.taken {
@@ -404,6 +415,19 @@ impl Drop for GiveBack<'_> {
 }
 
 impl PostgresStore {
+    /// Removes the claim's entry, once no renewal has its transaction out.
+    async fn finish_slot(&self, key: StoreKey, token: ClaimToken) -> Option<Slot> {
+        loop {
+            let changed = self.slots.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.slots.finish(key, token) {
+                Finish::Done(slot) => return slot,
+                Finish::Renewing => changed.await,
+            }
+        }
+    }
+
     /// The transaction of the claim `token`, for its handler: waits while a renewal has it out.
     pub(super) async fn take_transaction(&self, token: ClaimToken) -> Option<ClaimTransaction> {
         loop {
