@@ -479,7 +479,12 @@ async fn a_completion_during_a_renewal_still_records_the_answer() {
     }
     let answer = StoredResponse::new(StatusCode::CREATED, Default::default(), "done".into());
     let completed = store
-        .complete(key, token, Completion::Response(answer), Duration::from_secs(60))
+        .complete(
+            key,
+            token,
+            Completion::Response(answer),
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     assert!(completed, "the completion recorded the answer");
