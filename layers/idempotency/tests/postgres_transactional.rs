@@ -500,3 +500,20 @@ async fn a_completion_during_a_renewal_still_records_the_answer() {
         ClaimOutcome::Claimed => panic!("the key was free: the answer was never recorded"),
     }
 }
+
+/// The default table name in a schema of its own migrates and serves (its migration once
+/// qualified the schema twice in the functions' names, and qualified the index's).
+#[tokio::test]
+async fn the_default_table_name_in_a_schema_migrates_and_serves() {
+    let db = ChargesDb::new().await;
+    let store = PostgresStore::new(db.pool().clone())
+        .table(&format!("{}.idempotency_records", db.schema.name))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let (app, router) = app_on(store, &db, &[]);
+    let first = charge_through(&router, "k", "{}").await;
+    assert_eq!(first, (StatusCode::CREATED, false, "charge 1".into()));
+    let again = charge_through(&router, "k", "{}").await;
+    assert!(again.1, "{again:?}");
+    assert_eq!((app.runs(), db.charges().await), (1, 1));
+}

@@ -49,7 +49,9 @@ impl Claim<PostgresStore> {
     /// [`store_when`](crate::IdempotencyLayer::store_when) predicate refuses (a `503`, a
     /// validation `422`, a gRPC failure in the trailers) commits the effects with no record,
     /// and the key is free at once for the retry; commit with such an answer only what may
-    /// happen again. A body over the response limit is recorded as not replayable.
+    /// happen again: to refuse a request after writing on `tx`, return an error instead and let
+    /// `tx` drop, which rolls the writes back. A body over the response limit is recorded as
+    /// not replayable.
     ///
     /// Fails, and nothing committed, with [`ClaimError::is_store`] when a statement or the
     /// commit failed (a serialization failure at `SERIALIZABLE` included: the retry runs the

@@ -23,7 +23,8 @@
 //! expiry (`expires_at`: the lease's end while in progress, the retention's once completed)
 //! and, once completed, the status, the headers and trailers as parallel arrays of names and
 //! values, and the body. The schema is shipped as SQL ([`migration`](PostgresStore::migration));
-//! [`migrate`](PostgresStore::migrate) runs it under an advisory lock.
+//! [`migrate`](PostgresStore::migrate) runs it under an advisory lock. Besides the table it
+//! creates two functions, `{table}_claim` and `{table}_lock` (the transactional claim's).
 //!
 //! Each operation is one statement, so one round trip: the claim calls the table's
 //! `{table}_claim` function (return a live record as it is, read-only, so that a replay or a
@@ -253,7 +254,8 @@ impl PostgresStore {
         &self.shared.queries.migrate
     }
 
-    /// Creates the table, its index and its claim function if missing. Safe to run from many
+    /// Creates the table, its index and its two functions (`{table}_claim`, `{table}_lock`) if
+    /// missing: dropping the table alone leaves the functions. Safe to run from many
     /// processes at once (an advisory lock orders them) and on every start.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(&self.pool, &self.shared.queries).await

@@ -145,22 +145,21 @@ fn render_migration(table: &TableName) -> String {
     let qualified = table.qualified();
     let prefix = table.schema_prefix();
     let name = table.name();
-    // Index names are never schema-qualified in their own CREATE; the function's is.
+    // NOTE: the derived names are set aside first, so that the table's own name, replaced
+    // last, never lands inside them (a table named `idempotency_records` in another schema
+    // once gave `app.app.idempotency_records_claim` and a schema-qualified index name).
+    // Index names are never schema-qualified in their own CREATE; the functions' are.
     MIGRATION
-        .replace(
-            "INDEX IF NOT EXISTS idempotency_records_expires",
-            &format!("INDEX IF NOT EXISTS \u{0}{name}_expires"),
-        )
-        .replace(
-            "idempotency_records_claim",
-            &format!("{prefix}{name}_claim"),
-        )
-        .replace("idempotency_records_lock", &format!("{prefix}{name}_lock"))
+        .replace("idempotency_records_expires", "\u{1}expires\u{1}")
+        .replace("idempotency_records_claim", "\u{1}claim\u{1}")
+        .replace("idempotency_records_lock", "\u{1}lock\u{1}")
         .replace("idempotency_records", &qualified)
-        .replace('\u{0}', "")
+        .replace("\u{1}expires\u{1}", &format!("{name}_expires"))
+        .replace("\u{1}claim\u{1}", &format!("{prefix}{name}_claim"))
+        .replace("\u{1}lock\u{1}", &format!("{prefix}{name}_lock"))
 }
 
-/// Creates the table, its index and its claim function if missing, one migration at a time.
+/// Creates the table, its index and its two functions if missing, one migration at a time.
 ///
 /// One simple-protocol query: Postgres runs its statements as one implicit transaction, so the
 /// transaction-scoped advisory lock taken first keeps concurrent starts from racing.
@@ -182,6 +181,23 @@ mod tests {
     fn the_default_table_runs_the_shipped_file() {
         let table = TableName::parse(DEFAULT_TABLE).unwrap();
         assert_eq!(Queries::new(&table).migrate, MIGRATION);
+    }
+
+    #[test]
+    fn the_default_name_in_another_schema_is_qualified_once() {
+        let table = TableName::parse("app.idempotency_records").unwrap();
+        let sql = Queries::new(&table).migrate;
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.idempotency_records ("));
+        assert!(sql.contains(
+            "CREATE INDEX IF NOT EXISTS idempotency_records_expires ON app.idempotency_records"
+        ));
+        assert!(sql.contains("FUNCTION app.idempotency_records_claim("));
+        assert!(sql.contains("FUNCTION app.idempotency_records_lock("));
+        assert!(!sql.contains("app.app."), "{sql}");
+        assert!(
+            !sql.contains("EXISTS app.idempotency_records_expires"),
+            "{sql}"
+        );
     }
 
     #[test]
