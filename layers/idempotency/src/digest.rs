@@ -1,4 +1,5 @@
-//! What record keys and fingerprints share: SHA-256 over framed parts, printed as hex.
+//! Record keys: SHA-256 over framed parts, printed as hex (the fingerprints frame their input in
+//! `fingerprint`).
 
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -7,15 +8,6 @@ use std::fmt;
 pub(crate) fn update_framed(hasher: &mut Sha256, part: &[u8]) {
     hasher.update((part.len() as u64).to_be_bytes());
     hasher.update(part);
-}
-
-/// Feeds the concatenation of `pieces` as one framed part, without copying them together.
-pub(crate) fn update_framed_parts(hasher: &mut Sha256, pieces: &[&[u8]]) {
-    let len: usize = pieces.iter().map(|p| p.len()).sum();
-    hasher.update((len as u64).to_be_bytes());
-    for piece in pieces {
-        hasher.update(piece);
-    }
 }
 
 pub(crate) fn write_hex(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {

@@ -32,6 +32,24 @@ async fn status(router: &Router, key: &str) -> (StatusCode, bool) {
     )
 }
 
+/// Sends `key` until it is answered `201`, not a replay (`503` meanwhile, while the database
+/// comes back); bounded.
+async fn run_once_recovered(router: &Router, key: &str) {
+    let started = Instant::now();
+    loop {
+        match status(router, key).await {
+            (StatusCode::CREATED, false) => return,
+            (StatusCode::SERVICE_UNAVAILABLE, _) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_answers_503_then_recovers_with_its_records() {
     let mut server = PostgresServer::start();
@@ -63,19 +81,7 @@ async fn a_database_restart_answers_503_then_recovers_with_its_records() {
     assert_eq!(runs.load(SeqCst), 1, "no handler ran without a claim");
 
     server.restart();
-    let started = Instant::now();
-    loop {
-        match status(&router, "after").await {
-            (StatusCode::CREATED, false) => break,
-            (StatusCode::SERVICE_UNAVAILABLE, _) => {}
-            other => panic!("{other:?}"),
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never recovered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    run_once_recovered(&router, "after").await;
     assert_eq!(
         status(&router, "before").await,
         (StatusCode::CREATED, true),
@@ -140,19 +146,7 @@ async fn a_database_crash_mid_transaction_leaves_the_retry_to_charge_once() {
     assert_eq!(first.await.unwrap().0, StatusCode::SERVICE_UNAVAILABLE);
 
     server.restart();
-    let started = Instant::now();
-    loop {
-        match status(&router, "k").await {
-            (StatusCode::CREATED, false) => break,
-            (StatusCode::SERVICE_UNAVAILABLE, _) => {}
-            other => panic!("{other:?}"),
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never recovered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    run_once_recovered(&router, "k").await;
     assert_eq!(status(&router, "k").await, (StatusCode::CREATED, true));
     let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
         .fetch_one(store.pool())

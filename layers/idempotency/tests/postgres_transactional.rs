@@ -148,6 +148,15 @@ async fn handle(
     Ok(response)
 }
 
+/// `charge_through` on a task of its own, for a request that runs while the test acts.
+fn spawn_charge(
+    router: &Router,
+    key: &'static str,
+) -> tokio::task::JoinHandle<(StatusCode, bool, String)> {
+    let router = router.clone();
+    tokio::spawn(async move { charge_through(&router, key, "{}").await })
+}
+
 async fn app(db: &ChargesDb, plans: &[Plan]) -> (App, Router) {
     app_on(db.store.clone(), db, plans)
 }
@@ -186,10 +195,7 @@ async fn a_fresh_key_commits_its_charge_and_record_together_and_replays() {
 async fn a_duplicate_while_the_first_runs_gets_409_at_once_then_the_replay() {
     let db = ChargesDb::new().await;
     let (app, router) = app(&db, &[Plan::Held]).await;
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { charge_through(&router, "k", "{}").await }
-    });
+    let first = spawn_charge(&router, "k");
     app.entered.notified().await;
     let during = charge_through(&router, "k", "{}").await;
     assert_eq!(during.0, StatusCode::CONFLICT, "{during:?}");
@@ -253,11 +259,7 @@ async fn an_error_or_a_panic_before_the_commit_frees_the_key_at_once() {
     let failed = charge_through(&router, "k", "{}").await;
     assert_eq!(failed.0, StatusCode::SERVICE_UNAVAILABLE);
     // No lease to wait out: the next try runs at once.
-    let panicked = tokio::spawn({
-        let router = router.clone();
-        async move { charge_through(&router, "k", "{}").await }
-    })
-    .await;
+    let panicked = spawn_charge(&router, "k").await;
     assert!(panicked.is_err() || panicked.unwrap().0.is_server_error());
     let retry = charge_through(&router, "k", "{}").await;
     assert_eq!(retry, (StatusCode::CREATED, false, "charge 3".into()));
@@ -304,10 +306,7 @@ async fn a_second_transaction_is_refused_as_misuse_and_the_first_commit_stands()
 async fn a_killed_connection_mid_handler_frees_the_key_at_once() {
     let db = ChargesDb::new().await;
     let (app, router) = app(&db, &[Plan::Held]).await;
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { charge_through(&router, "k", "{}").await }
-    });
+    let first = spawn_charge(&router, "k");
     app.entered.notified().await;
     // The backend holding the key's lock (idle in its transaction) is terminated.
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
@@ -346,15 +345,9 @@ async fn a_serialization_failure_at_commit_is_never_stored_and_the_retry_charges
     let (app, router) = app_on(store, &db, &[Plan::Serializable, Plan::Serializable]);
     // Two keys, each reading every charge then charging at SERIALIZABLE, overlapping: one of
     // them fails to serialize (at its insert or its commit).
-    let a = tokio::spawn({
-        let router = router.clone();
-        async move { charge_through(&router, "a", "{}").await }
-    });
+    let a = spawn_charge(&router, "a");
     app.entered.notified().await;
-    let b = tokio::spawn({
-        let router = router.clone();
-        async move { charge_through(&router, "b", "{}").await }
-    });
+    let b = spawn_charge(&router, "b");
     app.entered.notified().await;
     app.gate.notify_one();
     app.gate.notify_one();
@@ -412,10 +405,7 @@ async fn the_lock_bounds_a_frozen_owner_by_the_idle_timeout() {
     let router = Router::new()
         .route("/charges", post(charge).layer(layer))
         .with_state(app.clone());
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { charge_through(&router, "k", "{}").await }
-    });
+    let first = spawn_charge(&router, "k");
     app.entered.notified().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let retry = charge_through(&router, "k", "{}").await;

@@ -9,46 +9,11 @@ use std::time::Duration;
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::postgres::PostgresStore;
 use tower_once_idempotency::Claim;
-use tower_once_test_support::postgres::{database_url, Schema};
 use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
 
-struct Fixture {
-    schema: Schema,
-    store: PostgresStore,
-}
+mod support;
 
-impl Fixture {
-    async fn new() -> Self {
-        let schema = Schema::create();
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&database_url())
-            .await
-            .unwrap();
-        let store = PostgresStore::new(pool)
-            .table(&format!("{}.job_runs", schema.name))
-            .unwrap();
-        store.migrate().await.unwrap();
-        sqlx::query(&format!(
-            "CREATE TABLE {}.effects (job_id text NOT NULL)",
-            schema.name
-        ))
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Self { schema, store }
-    }
-
-    async fn effects(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.effects",
-            self.schema.name
-        ))
-        .fetch_one(self.store.pool())
-        .await
-        .unwrap()
-    }
-}
+use support::effects::EffectsDb;
 
 /// The job's claim, and a transaction that has written the job's effect row.
 async fn begin_effect(
@@ -121,7 +86,7 @@ fn job(entry: &str) -> Job {
 
 #[tokio::test]
 async fn the_record_commits_with_the_effect_and_a_redelivery_is_a_duplicate() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(false).await;
     let (handler, runs) = handler(fixture.schema.name.clone(), Duration::ZERO, false);
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
     let first = run_once.clone().oneshot(job("1-0")).await.unwrap();
@@ -133,7 +98,7 @@ async fn the_record_commits_with_the_effect_and_a_redelivery_is_a_duplicate() {
 
 #[tokio::test]
 async fn a_failed_transaction_leaves_no_effect_and_the_job_runs_again() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(false).await;
     let (handler, runs) = handler(fixture.schema.name.clone(), Duration::ZERO, true);
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
     assert!(run_once.clone().oneshot(job("1-0")).await.is_err());
@@ -145,7 +110,7 @@ async fn a_failed_transaction_leaves_no_effect_and_the_job_runs_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_paused_past_its_lease_never_commits_a_second_effect() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(false).await;
     let lease = Duration::from_millis(300);
     let (handler, runs) = handler(fixture.schema.name.clone(), lease * 3, false);
     let run_once = RunOnceLayer::new(fixture.store.clone())
@@ -221,7 +186,7 @@ fn rolling_back_handler(
 /// duplicate: one run, one effect.
 #[tokio::test]
 async fn a_record_rolled_back_with_its_savepoint_is_recorded_by_the_layer() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(false).await;
     let lease = Duration::from_millis(300);
     let (handler, runs) = rolling_back_handler(fixture.schema.name.clone(), false);
     let run_once = RunOnceLayer::new(fixture.store.clone())
@@ -240,7 +205,7 @@ async fn a_record_rolled_back_with_its_savepoint_is_recorded_by_the_layer() {
 /// is released at once, and the redelivery runs the job: one effect in the end.
 #[tokio::test]
 async fn a_record_rolled_back_with_its_transaction_leaves_the_job_to_run_again_at_once() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(false).await;
     let (handler, runs) = rolling_back_handler(fixture.schema.name.clone(), true);
     let run_once = RunOnceLayer::new(fixture.store.clone())
         .lease(Duration::from_secs(60))

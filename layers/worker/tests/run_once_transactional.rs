@@ -1,54 +1,22 @@
 //! `RunOnceLayer` on a transactional Postgres store (`PostgresStore::transactional`): the claim
 //! opens the job's transaction with the job's lock, the handler writes its effect on it and
 //! `Claim::commit` records the job as done in the same commit; a failure, a panic or a dropped
-//! transaction leaves the job to run again at once (no lease to wait out).
+//! transaction leaves the job to run again at once (no lease to wait out), and never twice at
+//! once; a run cancelled or panicking before it took the transaction releases its claim at once;
+//! a handler that returns `Ok` while its transaction is still held elsewhere is not taken at its
+//! word.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::Duration;
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::postgres::PostgresStore;
 use tower_once_idempotency::Claim;
-use tower_once_test_support::postgres::{database_url, Schema};
 use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
 
-struct Fixture {
-    schema: Schema,
-    store: PostgresStore,
-}
+mod support;
 
-impl Fixture {
-    async fn new() -> Self {
-        let schema = Schema::create();
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&database_url())
-            .await
-            .unwrap();
-        let store = PostgresStore::new(pool)
-            .table(&format!("{}.job_runs", schema.name))
-            .unwrap()
-            .transactional();
-        store.migrate().await.unwrap();
-        sqlx::query(&format!(
-            "CREATE TABLE {}.effects (job_id text NOT NULL)",
-            schema.name
-        ))
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Self { schema, store }
-    }
-
-    async fn effects(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.effects",
-            self.schema.name
-        ))
-        .fetch_one(self.store.pool())
-        .await
-        .unwrap()
-    }
-}
+use support::effects::EffectsDb;
 
 /// What the handler does on its first run; later runs commit.
 #[derive(Clone, Copy)]
@@ -111,7 +79,7 @@ fn job(entry: &str) -> Job {
 
 #[tokio::test]
 async fn the_record_commits_with_the_effect_and_a_redelivery_is_a_duplicate() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(true).await;
     let (handler, runs) = handler(fixture.schema.name.clone(), First::Commit);
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
     let first = run_once.clone().oneshot(job("1-0")).await.unwrap();
@@ -123,7 +91,7 @@ async fn the_record_commits_with_the_effect_and_a_redelivery_is_a_duplicate() {
 
 #[tokio::test]
 async fn a_failed_run_leaves_no_effect_and_the_job_runs_again_at_once() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(true).await;
     let (handler, runs) = handler(fixture.schema.name.clone(), First::Fail);
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
     assert!(run_once.clone().oneshot(job("1-0")).await.is_err());
@@ -136,7 +104,7 @@ async fn a_failed_run_leaves_no_effect_and_the_job_runs_again_at_once() {
 
 #[tokio::test]
 async fn a_dropped_transaction_with_ok_is_an_error_and_the_job_runs_again() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(true).await;
     let (handler, runs) = handler(fixture.schema.name.clone(), First::DropAndSucceed);
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
     let first = run_once.clone().oneshot(job("1-0")).await;
@@ -150,7 +118,7 @@ async fn a_dropped_transaction_with_ok_is_an_error_and_the_job_runs_again() {
 
 #[tokio::test]
 async fn a_handler_that_never_takes_the_transaction_is_recorded_by_the_layer() {
-    let fixture = Fixture::new().await;
+    let fixture = EffectsDb::new(true).await;
     let (handler, runs) = handler(fixture.schema.name.clone(), First::Untaken);
     let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
     assert!(matches!(
@@ -159,4 +127,344 @@ async fn a_handler_that_never_takes_the_transaction_is_recorded_by_the_layer() {
     ));
     assert!(run_once.oneshot(job("1-0")).await.unwrap().is_duplicate());
     assert_eq!(runs.load(SeqCst), 1);
+}
+
+// Attacks: panics, cancellations, killed connections, transactions handed to tasks.
+
+fn job_of(entry: &str, id: &str) -> Job {
+    Job::new(entry, JobId::new(id).unwrap(), "{}", 1)
+}
+
+fn claim_of(job: &Job) -> Result<Claim<PostgresStore>, JobError> {
+    job.extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or_else(|| JobError::permanent("no claim"))
+}
+
+async fn effect(schema: &str, job: &Job, tx: &mut sqlx::PgConnection) -> Result<(), JobError> {
+    sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+        .bind(job.job_id().as_str())
+        .execute(tx)
+        .await
+        .map_err(JobError::transient)?;
+    Ok(())
+}
+
+/// A handler whose first run does `first`, later runs commit one effect.
+fn handler_with<F, Fut>(
+    schema: String,
+    first: F,
+) -> (
+    impl tower::Service<Job, Response = (), Error = JobError, Future = impl Send> + Clone,
+    Arc<AtomicUsize>,
+)
+where
+    F: Fn(String, Job, Claim<PostgresStore>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+{
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let service = tower::service_fn(move |job: Job| {
+        let run = counter.fetch_add(1, SeqCst) + 1;
+        let schema = schema.clone();
+        let first = first.clone();
+        async move {
+            let claim = claim_of(&job)?;
+            if run == 1 {
+                return first(schema, job, claim).await;
+            }
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            claim.commit(tx, ()).await.map_err(JobError::transient)?;
+            Ok(())
+        }
+    });
+    (service, runs)
+}
+
+const LEASE: Duration = Duration::from_secs(4);
+
+/// Retries the job every 100 ms (bounded by 3 leases): the first answer, and how long it took
+/// until the job ran again.
+async fn retry_until_run<S>(
+    run_once: &S,
+    id: &str,
+) -> (
+    Result<RunOnceOutcome<()>, tower_once_worker::run_once::RunOnceError<JobError>>,
+    Duration,
+)
+where
+    S: tower::Service<
+            Job,
+            Response = RunOnceOutcome<()>,
+            Error = tower_once_worker::run_once::RunOnceError<JobError>,
+        > + Clone,
+{
+    let start = tokio::time::Instant::now();
+    let first = run_once.clone().oneshot(job_of("1-0", id)).await;
+    if matches!(first, Ok(RunOnceOutcome::Done(()))) {
+        return (first, Duration::ZERO);
+    }
+    while start.elapsed() < LEASE * 3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(RunOnceOutcome::Done(())) = run_once.clone().oneshot(job_of("1-0", id)).await {
+            break;
+        }
+    }
+    (first, start.elapsed())
+}
+
+fn describe<T: std::fmt::Debug, E: std::fmt::Display>(r: &Result<RunOnceOutcome<T>, E>) -> String {
+    match r {
+        Ok(o) => format!("Ok({o:?})"),
+        Err(e) => format!("Err({e})"),
+    }
+}
+
+/// A handler that panics before it takes its transaction (validating the payload, say): the
+/// claim's transaction stays parked with the job id's lock; nothing releases it until Postgres'
+/// idle timeout (the lease) ends the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_before_taking_the_transaction_frees_the_job_at_once() {
+    let fixture = EffectsDb::new(true).await;
+    let (h, runs) = handler_with(fixture.schema.name.clone(), |_, _, _| async {
+        panic!("bad payload");
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone())
+        .lease(LEASE)
+        .layer(h);
+    let first = tokio::spawn(run_once.clone().oneshot(job_of("1-0", "job-p")));
+    assert!(first.await.unwrap_err().is_panic());
+    let (retry, waited) = retry_until_run(&run_once, "job-p").await;
+    eprintln!("job-p ran again after {waited:?}");
+    let _ = &retry;
+    assert!(
+        matches!(retry, Ok(RunOnceOutcome::Done(()))),
+        "retry right after the panic: {} (runs {}, effects {}), ran again only after {waited:?}",
+        describe(&retry),
+        runs.load(SeqCst),
+        fixture.effects().await
+    );
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
+}
+
+/// The same with the run cancelled (a `TimeoutLayer`, the worker's deadline, a shutdown that
+/// drops in-flight handlers) before the handler took its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cancelled_before_taking_the_transaction_frees_the_job_at_once() {
+    let fixture = EffectsDb::new(true).await;
+    let (h, runs) = handler_with(fixture.schema.name.clone(), |_, _, _| async {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        Ok(())
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone())
+        .lease(LEASE)
+        .layer(h);
+    let cut = tokio::time::timeout(
+        Duration::from_millis(300),
+        run_once.clone().oneshot(job_of("1-0", "job-c")),
+    )
+    .await;
+    assert!(cut.is_err(), "timed out");
+    let (retry, waited) = retry_until_run(&run_once, "job-c").await;
+    eprintln!("job-c ran again after {waited:?}");
+    assert!(
+        matches!(retry, Ok(RunOnceOutcome::Done(()))),
+        "retry right after the cancelled run: {} (runs {}, effects {}), ran again only after {waited:?}",
+        describe(&retry),
+        runs.load(SeqCst),
+        fixture.effects().await
+    );
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
+}
+
+/// A panic after the effect was written on the taken transaction: rolled back, runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_after_writing_the_effect_rolls_back_and_runs_again_at_once() {
+    let fixture = EffectsDb::new(true).await;
+    let (h, runs) = handler_with(
+        fixture.schema.name.clone(),
+        |schema, job, claim| async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            panic!("after the effect");
+        },
+    );
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
+    let first = tokio::spawn(run_once.clone().oneshot(job_of("1-0", "job-q")));
+    assert!(first.await.unwrap_err().is_panic());
+    let retry = run_once.clone().oneshot(job_of("1-0", "job-q")).await;
+    assert!(
+        matches!(retry, Ok(RunOnceOutcome::Done(()))),
+        "{}",
+        describe(&retry)
+    );
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
+}
+
+/// Many failed runs each retried the instant they return: the dropped transaction's connection
+/// is closed in the background, so the retry may still find the lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failed_run_is_retried_at_once_without_in_progress() {
+    let fixture = EffectsDb::new(true).await;
+    let mut busy = 0;
+    let mut outcomes = Vec::new();
+    for i in 0..40 {
+        // A fresh service each time, so each job's first run fails.
+        let (h, _) = handler_with(
+            fixture.schema.name.clone(),
+            |schema, job, claim| async move {
+                let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+                effect(&schema, &job, &mut tx).await?;
+                Err(JobError::transient("failed before the commit"))
+            },
+        );
+        let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
+        let id = format!("job-f{i}");
+        assert!(run_once.clone().oneshot(job_of("1-0", &id)).await.is_err());
+        let retry = run_once.clone().oneshot(job_of("1-0", &id)).await;
+        if !matches!(retry, Ok(RunOnceOutcome::Done(()))) {
+            busy += 1;
+            outcomes.push(describe(&retry));
+        }
+    }
+    assert_eq!(busy, 0, "retries not run at once: {outcomes:?}");
+    assert_eq!(fixture.effects().await, 40 - busy);
+}
+
+/// The handler's connection is terminated while it holds the transaction; its next statement
+/// fails; the job runs again at once, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_mid_handler_runs_the_job_again_at_once() {
+    let fixture = EffectsDb::new(true).await;
+    let pool = fixture.store.pool().clone();
+    let (h, runs) = handler_with(fixture.schema.name.clone(), move |schema, job, claim| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&pool)
+                .await
+                .map_err(JobError::transient)?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            effect(&schema, &job, &mut tx).await?;
+            claim.commit(tx, ()).await.map_err(JobError::transient)?;
+            Ok(())
+        }
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
+    let first = run_once.clone().oneshot(job_of("1-0", "job-k")).await;
+    assert!(first.is_err(), "{}", describe(&first));
+    let retry = run_once.clone().oneshot(job_of("1-0", "job-k")).await;
+    assert!(
+        matches!(retry, Ok(RunOnceOutcome::Done(()))),
+        "{}",
+        describe(&retry)
+    );
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (2, 1));
+}
+
+/// The handler commits its effect and record, then fails on a later step: the job must not
+/// run again (its effect committed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_after_the_commit_never_runs_the_job_again() {
+    let fixture = EffectsDb::new(true).await;
+    let (h, runs) = handler_with(
+        fixture.schema.name.clone(),
+        |schema, job, claim| async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            claim.commit(tx, ()).await.map_err(JobError::transient)?;
+            Err(JobError::transient("a later step failed"))
+        },
+    );
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
+    assert!(run_once
+        .clone()
+        .oneshot(job_of("1-0", "job-e"))
+        .await
+        .is_err());
+    let retry = run_once.clone().oneshot(job_of("1-0", "job-e")).await;
+    assert!(
+        matches!(retry, Ok(RunOnceOutcome::Duplicate)),
+        "{}",
+        describe(&retry)
+    );
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (1, 1));
+}
+
+/// The handler hands its transaction to a task and returns `Ok` before that task is done with
+/// it; the task then drops it (nothing committed). The run is acknowledged as done with no
+/// effect: no redelivery will ever run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ok_returned_while_the_transaction_is_still_held_is_not_acknowledged_without_a_commit() {
+    let fixture = EffectsDb::new(true).await;
+    let (h, runs) = handler_with(
+        fixture.schema.name.clone(),
+        |schema, job, claim| async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                drop(tx);
+            });
+            Ok(())
+        },
+    );
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
+    let first = run_once.clone().oneshot(job_of("1-0", "job-h")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let effects = fixture.effects().await;
+    assert!(
+        !(matches!(first, Ok(RunOnceOutcome::Done(()))) && effects == 0),
+        "acknowledged as done ({}) with {effects} effects and {} runs",
+        describe(&first),
+        runs.load(SeqCst)
+    );
+}
+
+/// Duplicates while the job runs: the same entry, and another entry with the job id: never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_while_the_job_runs_never_run_it() {
+    let fixture = EffectsDb::new(true).await;
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let g = Arc::clone(&gate);
+    let (h, runs) = handler_with(fixture.schema.name.clone(), move |schema, job, claim| {
+        let g = Arc::clone(&g);
+        async move {
+            let mut tx = claim.transaction().await.map_err(JobError::transient)?;
+            effect(&schema, &job, &mut tx).await?;
+            g.notified().await;
+            claim.commit(tx, ()).await.map_err(JobError::transient)?;
+            Ok(())
+        }
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(h);
+    let first = tokio::spawn(run_once.clone().oneshot(job_of("1-0", "job-d")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let same = run_once.clone().oneshot(job_of("1-0", "job-d")).await;
+    let other = run_once.clone().oneshot(job_of("2-0", "job-d")).await;
+    gate.notify_one();
+    let first = first.await.unwrap();
+    assert!(
+        matches!(first, Ok(RunOnceOutcome::Done(()))),
+        "{}",
+        describe(&first)
+    );
+    for r in [&same, &other] {
+        assert!(
+            matches!(r, Ok(RunOnceOutcome::Duplicate))
+                || r.as_ref().is_err_and(|e| e.is_in_progress()),
+            "{}",
+            describe(r)
+        );
+    }
+    assert_eq!((runs.load(SeqCst), fixture.effects().await), (1, 1));
 }

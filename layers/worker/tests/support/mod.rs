@@ -1,7 +1,10 @@
 //! What the worker's tests share: a connection, `XADD`, the group's pending entries, bounded
 //! waits, a worker running on its own task that stops gracefully, a handler that logs its
-//! calls, and a connection that can lose or fail chosen commands.
+//! calls, a connection that can lose or fail chosen commands, and (`effects`) a Postgres schema
+//! for the run-once tests.
 #![allow(dead_code)] // each test binary uses part of this module
+
+pub(crate) mod effects;
 
 use std::collections::HashMap;
 use std::future::Future;
