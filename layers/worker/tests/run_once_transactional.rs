@@ -185,8 +185,8 @@ where
 
 const LEASE: Duration = Duration::from_secs(4);
 
-/// Retries the job every 100 ms (bounded by 3 leases): the first answer, and how long it took
-/// until the job ran again.
+/// Sends the job until it runs (every 100 ms, bounded by 3 leases): the last answer, and how long
+/// it took.
 async fn retry_until_run<S>(
     run_once: &S,
     id: &str,
@@ -202,17 +202,12 @@ where
         > + Clone,
 {
     let start = tokio::time::Instant::now();
-    let first = run_once.clone().oneshot(job_of("1-0", id)).await;
-    if matches!(first, Ok(RunOnceOutcome::Done(()))) {
-        return (first, Duration::ZERO);
-    }
-    while start.elapsed() < LEASE * 3 {
+    let mut last = run_once.clone().oneshot(job_of("1-0", id)).await;
+    while !matches!(last, Ok(RunOnceOutcome::Done(()))) && start.elapsed() < LEASE * 3 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Ok(RunOnceOutcome::Done(())) = run_once.clone().oneshot(job_of("1-0", id)).await {
-            break;
-        }
+        last = run_once.clone().oneshot(job_of("1-0", id)).await;
     }
-    (first, start.elapsed())
+    (last, start.elapsed())
 }
 
 fn describe<T: std::fmt::Debug, E: std::fmt::Display>(r: &Result<RunOnceOutcome<T>, E>) -> String {
@@ -223,8 +218,9 @@ fn describe<T: std::fmt::Debug, E: std::fmt::Display>(r: &Result<RunOnceOutcome<
 }
 
 /// A handler that panics before it takes its transaction (validating the payload, say): the
-/// claim's transaction stays parked with the job id's lock; nothing releases it until Postgres'
-/// idle timeout (the lease) ends the session.
+/// dropped run releases its claim, on a task of its own, so the job runs again well within the
+/// lease (it once stayed locked until Postgres' idle timeout, the lease, ended the session; a
+/// retry sent the very instant the panic is reported may still meet the release in flight).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_before_taking_the_transaction_frees_the_job_at_once() {
     let fixture = EffectsDb::new(true).await;
@@ -237,10 +233,8 @@ async fn a_panic_before_taking_the_transaction_frees_the_job_at_once() {
     let first = tokio::spawn(run_once.clone().oneshot(job_of("1-0", "job-p")));
     assert!(first.await.unwrap_err().is_panic());
     let (retry, waited) = retry_until_run(&run_once, "job-p").await;
-    eprintln!("job-p ran again after {waited:?}");
-    let _ = &retry;
     assert!(
-        matches!(retry, Ok(RunOnceOutcome::Done(()))),
+        matches!(retry, Ok(RunOnceOutcome::Done(()))) && waited < LEASE,
         "retry right after the panic: {} (runs {}, effects {}), ran again only after {waited:?}",
         describe(&retry),
         runs.load(SeqCst),
@@ -268,9 +262,8 @@ async fn a_run_cancelled_before_taking_the_transaction_frees_the_job_at_once() {
     .await;
     assert!(cut.is_err(), "timed out");
     let (retry, waited) = retry_until_run(&run_once, "job-c").await;
-    eprintln!("job-c ran again after {waited:?}");
     assert!(
-        matches!(retry, Ok(RunOnceOutcome::Done(()))),
+        matches!(retry, Ok(RunOnceOutcome::Done(()))) && waited < LEASE,
         "retry right after the cancelled run: {} (runs {}, effects {}), ran again only after {waited:?}",
         describe(&retry),
         runs.load(SeqCst),
