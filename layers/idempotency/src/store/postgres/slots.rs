@@ -1,6 +1,6 @@
 //! Where a transactional claim's open transaction waits for its handler, by claim token.
 
-use super::transactional::ClaimTransaction;
+use super::claim_transaction::ClaimTransaction;
 use crate::claim::Settled;
 use crate::store::{ClaimToken, StoreKey};
 use std::collections::HashMap;
