@@ -1,6 +1,7 @@
 //! The docs against the code: the facade's metrics table (crate docs, "Metrics") names every
 //! metric the layers register, with its type and label keys, and nothing else; and every path
-//! in CONTRIBUTING.md's layout table exists. Both read files only: no features, no services.
+//! in CONTRIBUTING.md's layout table exists; and no file outgrows the house rule's length. They
+//! read files only: no features, no services.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -238,4 +239,34 @@ fn walk(dir: &Path, out: &mut Vec<String>) {
             walk(&path, out);
         }
     }
+}
+
+/// The house rule (CONTRIBUTING.md): a source file does one job, so none grows past 400 lines,
+/// and a test file holds one subject, so none grows past 800.
+#[test]
+fn no_source_file_over_400_lines_and_no_test_file_over_800() {
+    let root = root();
+    let mut too_long = Vec::new();
+    let mut crates = vec![root.clone()];
+    for entry in fs::read_dir(root.join("layers")).expect("layers/") {
+        crates.push(entry.expect("a crate").path());
+    }
+    for krate in crates {
+        for (dir, limit) in [("src", 400), ("tests", 800)] {
+            let mut files = Vec::new();
+            if krate.join(dir).is_dir() {
+                rust_files(&krate.join(dir), &mut files);
+            }
+            for file in files {
+                let lines = fs::read_to_string(&file).expect("readable").lines().count();
+                if lines > limit {
+                    too_long.push(format!("{} ({lines} > {limit})", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        too_long.is_empty(),
+        "split by job or subject: {too_long:#?}"
+    );
 }

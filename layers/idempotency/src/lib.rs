@@ -173,6 +173,7 @@ mod detached;
 mod digest;
 pub mod fingerprint;
 mod future;
+mod headers;
 pub mod key;
 mod layer;
 mod metrics;
@@ -184,12 +185,13 @@ mod service;
 pub mod store;
 
 pub use self::body::{RequestBody, ResponseBody};
-pub use self::claim::{Claim, ClaimError};
 #[doc(hidden)]
-pub use self::claim::{JobRecord, Settled};
+pub use self::claim::JobRecord;
+pub use self::claim::{Claim, ClaimError};
 pub use self::config::{IDEMPOTENCY_IN_PROGRESS, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use self::detached::Detached;
 pub use self::future::ResponseFuture;
 pub use self::layer::IdempotencyLayer;
 pub use self::service::Idempotency;
 pub use self::store::ClaimToken;
+pub use self::store::Settled;

@@ -3,12 +3,16 @@
 
 mod error;
 mod extract;
+#[cfg(feature = "postgres")]
+mod postgres_respond_in;
+#[cfg(feature = "postgres")]
+mod postgres_transaction;
 
 pub use self::error::ClaimError;
 pub(crate) use self::error::Refused;
 
 use crate::config::StoreRules;
-use crate::store::{ClaimToken, StoreFuture, StoreKey};
+use crate::store::{ClaimToken, Settled, StoreFuture, StoreKey};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -211,19 +215,4 @@ impl fmt::Debug for JobRecord {
             .field("written", &self.is_written())
             .finish()
     }
-}
-
-/// What became of a record a handler wrote in its own transaction, read once it returned.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub enum Settled {
-    /// Completed under this claim (or no longer this claim's, or its transaction still open):
-    /// the layer writes nothing more.
-    Done,
-    /// Its transaction committed without it (a savepoint around it rolled back): the layer
-    /// stores the response by its own rules, as if the handler had not.
-    Store,
-    /// Its transaction rolled back, the record with it: the layer releases the claim.
-    Release,
 }

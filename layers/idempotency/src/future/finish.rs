@@ -4,10 +4,11 @@
 use super::state::{State, StateOf};
 use super::steps::Ctx;
 use crate::body::{RequestBody, ResponseBody};
-use crate::claim::{Refused as ClaimRefused, Settled, StoredBy};
+use crate::claim::{Refused as ClaimRefused, StoredBy};
 use crate::fingerprint::Fingerprinter;
 use crate::metrics::Outcome;
 use crate::predicate::StorePredicate;
+use crate::store::Settled;
 use crate::store::{IdempotencyStore, StoreError, StoreFuture};
 use bytes::Bytes;
 use http::{Request, Response};

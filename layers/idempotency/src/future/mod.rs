@@ -12,12 +12,9 @@ mod state;
 mod steps;
 mod streaming;
 
-pub(crate) use self::replay::problem;
-#[cfg(feature = "postgres")]
-pub(crate) use self::replay::storable_headers;
-
 use self::covered::CoveredFuture;
 use self::finish_on_drop::{FinishOnDrop, Unfinished};
+pub(crate) use self::replay::problem;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::fingerprint::Fingerprinter;

@@ -3,7 +3,7 @@
 use super::pending::PendingClaim;
 use super::read::RequestRead;
 use crate::body::{RequestBody, ResponseBody};
-use crate::claim::Settled;
+use crate::store::Settled;
 use crate::store::{IdempotencyStore, StoreFuture};
 use bytes::Bytes;
 use http::{response, HeaderMap, Request, Response};

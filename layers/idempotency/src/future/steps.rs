@@ -257,7 +257,10 @@ where
                 let body = collected.finish();
                 let stored = StoredResponse {
                     status: parts.status,
-                    headers: replay::storable_headers(&parts.headers, &settings.strip_headers),
+                    headers: crate::headers::storable_headers(
+                        &parts.headers,
+                        &settings.strip_headers,
+                    ),
                     body: body.clone(),
                     trailers: trailers.clone(),
                 };

@@ -72,7 +72,9 @@ pub use self::error::StoreError;
 pub use self::key::{ClaimToken, StoreKey};
 pub use self::lease::Lease;
 pub use self::memory::{MemoryStore, MemoryStoreBuilder};
-pub use self::record::{ClaimOutcome, Completion, ExistingRecord, RecordState, StoredResponse};
+pub use self::record::{
+    ClaimOutcome, Completion, ExistingRecord, RecordState, Settled, StoredResponse,
+};
 
 use crate::fingerprint::Fingerprint;
 use std::future::Future;

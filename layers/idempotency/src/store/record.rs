@@ -121,3 +121,18 @@ pub(crate) fn header_map<'a>(
     }
     Ok(headers)
 }
+
+/// What became of a record a handler wrote in its own transaction, read once it returned.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub enum Settled {
+    /// Completed under this claim (or no longer this claim's, or its transaction still open):
+    /// the layer writes nothing more.
+    Done,
+    /// Its transaction committed without it (a savepoint around it rolled back): the layer
+    /// stores the response by its own rules, as if the handler had not.
+    Store,
+    /// Its transaction rolled back, the record with it: the layer releases the claim.
+    Release,
+}

@@ -1,7 +1,6 @@
 //! The transaction a transactional claim hands its handler: the effects and the record commit
 //! on it together, and dropped it is rolled back (or its connection closed) on a task.
 
-use super::slots::Slots;
 use super::{completion_statement, PostgresStore};
 use crate::fingerprint::Fingerprint;
 use crate::store::{ClaimToken, Completion, StoreKey};
@@ -30,7 +29,7 @@ pub struct ClaimTransaction {
     key: StoreKey,
     token: ClaimToken,
     fingerprint: Fingerprint,
-    slots: Weak<Slots>,
+    slots: Weak<dyn Committed>,
     open: bool,
     // In the handler's hands: dropped open, a statement may still be running on it.
     taken: bool,
@@ -115,6 +114,14 @@ async fn end(mut conn: PoolConnection<Postgres>) {
     }
 }
 
+/// Told how a claim's transaction ended (the store's open claims).
+pub(super) trait Committed: Send + Sync {
+    /// It committed.
+    fn committed(&self, token: ClaimToken);
+    /// Its handler dropped it: the sender says when its rollback is done.
+    fn rolled_back(&self, token: ClaimToken) -> Option<tokio::sync::oneshot::Sender<()>>;
+}
+
 impl ClaimTransaction {
     /// A transaction just opened with the key's lock, parked until its handler takes it.
     pub(super) fn opened(
@@ -122,7 +129,7 @@ impl ClaimTransaction {
         key: StoreKey,
         token: ClaimToken,
         fingerprint: Fingerprint,
-        slots: Weak<Slots>,
+        slots: Weak<dyn Committed>,
     ) -> Self {
         Self {
             conn: Some(conn),

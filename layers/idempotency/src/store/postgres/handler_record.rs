@@ -3,7 +3,7 @@
 //! it.
 
 use super::{completion_statement, from_sqlx, PostgresStore};
-use crate::claim::Settled;
+use crate::store::Settled;
 use crate::store::{ClaimToken, Completion, StoreError, StoreFuture, StoreKey};
 use sqlx::{PgConnection, Row};
 use std::time::Duration;

@@ -119,8 +119,6 @@
 mod claim_transaction;
 mod error;
 mod handler_record;
-mod handler_transaction;
-mod in_transaction;
 mod operations;
 mod row;
 mod schema;
@@ -128,6 +126,7 @@ mod slots;
 mod transactional;
 
 pub use self::claim_transaction::ClaimTransaction;
+pub(crate) use self::error::from_sqlx as sqlx_error;
 pub(crate) use self::error::from_sqlx;
 pub(crate) use self::handler_record::{CompletedOn, Transaction};
 pub(crate) use self::operations::{completion_statement, millis};

@@ -1,7 +1,7 @@
 //! Where a transactional claim's open transaction waits for its handler, by claim token.
 
 use super::claim_transaction::ClaimTransaction;
-use crate::claim::Settled;
+use crate::store::Settled;
 use crate::store::{ClaimToken, StoreKey};
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

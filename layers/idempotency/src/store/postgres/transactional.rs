@@ -3,11 +3,12 @@
 //! that same transaction, so claim, effects and record commit together, and a crash or a
 //! rollback frees the key at once.
 
-use super::claim_transaction::ClaimTransaction;
+use super::claim_transaction::{ClaimTransaction, Committed};
 use super::row::decode_claim;
 use super::slots::{Finish, Slot, Slots, Take};
 use super::{millis, PostgresStore};
 use crate::fingerprint::Fingerprint;
+use crate::store::Settled;
 use crate::store::{ClaimOutcome, ClaimToken, Completion, ExistingRecord, RecordState, StoreKey};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
@@ -64,7 +65,8 @@ impl PostgresStore {
                     let Some(conn) = opening.0.take() else {
                         unreachable!("just set")
                     };
-                    let slots = Arc::downgrade(&self.slots);
+                    let slots: Arc<dyn Committed> = self.slots.clone();
+                    let slots = Arc::downgrade(&slots);
                     let tx = ClaimTransaction::opened(conn, key, token, fingerprint, slots);
                     self.slots.park(key, token, tx, lease);
                     return Ok(ClaimOutcome::Claimed);
@@ -255,7 +257,7 @@ impl PostgresStore {
     }
 
     /// The transaction of the claim `token`, for its handler: waits while a renewal has it out.
-    pub(super) async fn take_transaction(&self, token: ClaimToken) -> Option<ClaimTransaction> {
+    pub(crate) async fn take_transaction(&self, token: ClaimToken) -> Option<ClaimTransaction> {
         loop {
             let changed = self.slots.changed();
             tokio::pin!(changed);
@@ -266,5 +268,22 @@ impl PostgresStore {
                 Take::Gone => return None,
             }
         }
+    }
+}
+
+impl PostgresStore {
+    /// What the handler did with the transaction of the claim `token` (for a job's check).
+    pub(crate) fn transaction_settled(&self, token: ClaimToken) -> Settled {
+        self.slots.settled(token)
+    }
+}
+
+impl Committed for Slots {
+    fn committed(&self, token: ClaimToken) {
+        Slots::committed(self, token);
+    }
+
+    fn rolled_back(&self, token: ClaimToken) -> Option<tokio::sync::oneshot::Sender<()>> {
+        Slots::rolled_back(self, token)
     }
 }

@@ -1,9 +1,9 @@
 //! The transaction a transactional claim opened, handed to the handler and committed with the
 //! record ([`PostgresStore::transactional`]).
 
-use super::in_transaction::Prepared;
-use super::{from_sqlx, ClaimTransaction, PostgresStore};
-use crate::claim::{Claim, ClaimError};
+use super::postgres_respond_in::Prepared;
+use super::{Claim, ClaimError};
+use crate::store::postgres::{sqlx_error as from_sqlx, ClaimTransaction, PostgresStore};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
@@ -32,10 +32,10 @@ impl Claim<PostgresStore> {
                 ClaimError::misused("the claim's transaction was already taken, or is gone")
             })?;
         // A job's `RunOnceLayer` asks, once the handler returned, whether it committed.
-        let slots = Arc::clone(&self.store().slots);
+        let store = self.store().clone();
         let token = self.token();
         self.written_in(Arc::new(move || {
-            let settled = slots.settled(token);
+            let settled = store.transaction_settled(token);
             Box::pin(std::future::ready(Ok(settled)))
         }));
         Ok(tx)

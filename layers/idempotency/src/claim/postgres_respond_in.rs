@@ -1,8 +1,8 @@
 //! Completing a [`Claim`] on the handler's own connection, inside its transaction.
 
-use super::{CompletedOn, PostgresStore, Transaction};
-use crate::claim::{Claim, ClaimError, StoredBy};
-use crate::future::storable_headers;
+use super::{Claim, ClaimError, StoredBy};
+use crate::headers::storable_headers;
+use crate::store::postgres::{CompletedOn, PostgresStore, Transaction};
 use crate::store::{Completion, StoredResponse};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
