@@ -161,6 +161,11 @@ pub use tower_once_fallback as fallback;
 #[doc(inline)]
 pub use tower_once_hedge as hedge;
 
+#[cfg(feature = "step")]
+#[cfg_attr(docsrs, doc(cfg(feature = "step")))]
+#[doc(inline)]
+pub use tower_once_step as step;
+
 #[cfg(feature = "worker")]
 #[cfg_attr(docsrs, doc(cfg(feature = "worker")))]
 #[doc(inline)]

@@ -1,0 +1,39 @@
+//! How a step's result is kept in the store.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use std::error::Error as StdError;
+use tower_once_idempotency::store::StoredResponse;
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// Turns a step's result into a stored record and back. [`Json`] is the default.
+pub trait Codec<T> {
+    /// The record to keep for `value`.
+    fn encode(&self, value: &T) -> Result<StoredResponse, BoxError>;
+    /// The value of a record this codec encoded.
+    fn decode(&self, record: &StoredResponse) -> Result<T, BoxError>;
+}
+
+/// Results kept as JSON (`serde_json`): any `Serialize + DeserializeOwned` type.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json;
+
+impl<T> Codec<T> for Json
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    fn encode(&self, value: &T) -> Result<StoredResponse, BoxError> {
+        let body = serde_json::to_vec(value)?;
+        let mut headers = HeaderMap::with_capacity(1);
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(StoredResponse::new(StatusCode::OK, headers, Bytes::from(body)))
+    }
+
+    fn decode(&self, record: &StoredResponse) -> Result<T, BoxError> {
+        Ok(serde_json::from_slice(&record.body)?)
+    }
+}

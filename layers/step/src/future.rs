@@ -1,0 +1,405 @@
+//! The life of a step: claim its record (or replay it, or wait for it), mark an unkeyed call
+//! sent, call with the lease renewed, then record the result or the unknown outcome.
+
+use crate::call::{OnUnknown, Step, StepRequest};
+use crate::codec::Codec;
+use crate::error::StepError;
+use crate::layer::Settings;
+use crate::metrics::{self, Outcome};
+use crate::output::StepOutput;
+use crate::record::{self, Recorded};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+use tower_once_core::classify::{Action, Classify};
+use tower_once_core::deadline::Deadline;
+use tower_once_core::unsent::Unsent;
+use tower_once_idempotency::store::{
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoreKey,
+    StoredResponse,
+};
+use tower_service::Service;
+use tracing::Instrument;
+
+type Output<T, E> = Result<StepOutput<T>, StepError<E>>;
+
+/// The future of [`Steps`](crate::Steps).
+///
+/// NOTE: boxed once per step. A step is a network call (a tool, an API) and one or two store
+/// round trips; the box is an allocation among the dozens a call makes, and it keeps the
+/// step's state machine (claim, wait, mark, call while renewing, record) readable.
+pub struct ResponseFuture<T, E> {
+    inner: Pin<Box<dyn Future<Output = Output<T, E>> + Send>>,
+}
+
+impl<T, E> ResponseFuture<T, E> {
+    pub(crate) fn new(future: impl Future<Output = Output<T, E>> + Send + 'static) -> Self {
+        Self {
+            inner: Box::pin(future),
+        }
+    }
+}
+
+impl<T, E> Future for ResponseFuture<T, E> {
+    type Output = Output<T, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<T, E> fmt::Debug for ResponseFuture<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// The first pause between two looks at a step running elsewhere; doubled up to a quarter
+/// of the lease.
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+
+pub(crate) fn run<S, St, C, K, Req>(
+    inner: S,
+    settings: Arc<Settings<St, C, K>>,
+    step: Step<Req>,
+) -> impl Future<Output = Output<S::Response, S::Error>> + Send + 'static
+where
+    S: Service<Req> + Send + 'static,
+    S::Future: Send,
+    S::Response: Send + 'static,
+    S::Error: Unsent + Send + 'static,
+    Req: StepRequest + Send + 'static,
+    St: IdempotencyStore,
+    C: Codec<S::Response> + Send + Sync + 'static,
+    K: Classify<S::Response, S::Error> + Send + Sync + 'static,
+{
+    // Read now: a deadline in scope is the caller's, at the call.
+    let deadline = Deadline::earliest(step.request.deadline(), Deadline::current());
+    let span = tracing::info_span!(
+        "step",
+        step.run = step.id.run(),
+        step.position = step.id.step(),
+        step.tool = step.id.tool(),
+        step.occurrence = step.id.occurrence_number(),
+        step.outcome = tracing::field::Empty,
+    );
+    let outcome_span = span.clone();
+    async move {
+        let result = steps(inner, &settings, step, deadline).await;
+        let outcome = match &result {
+            Ok(out) if out.is_replayed() => Outcome::Replayed,
+            Ok(out) if out.is_recorded() => Outcome::Called,
+            Ok(_) => Outcome::Failed,
+            Err(e) if e.is_unknown() => Outcome::Unknown,
+            Err(e) if e.is_mismatch() => Outcome::Mismatch,
+            Err(e) if e.is_in_progress() => Outcome::InProgress,
+            Err(_) => Outcome::Failed,
+        };
+        outcome_span.record("step.outcome", outcome.as_str());
+        metrics::outcome(outcome);
+        result
+    }
+    .instrument(span)
+}
+
+async fn steps<S, St, C, K, Req>(
+    mut inner: S,
+    settings: &Settings<St, C, K>,
+    step: Step<Req>,
+    deadline: Option<Deadline>,
+) -> Output<S::Response, S::Error>
+where
+    S: Service<Req>,
+    S::Error: Unsent,
+    Req: StepRequest,
+    St: IdempotencyStore,
+    C: Codec<S::Response>,
+    K: Classify<S::Response, S::Error>,
+{
+    let policy = step.on_unknown_policy();
+    let Step {
+        id,
+        request,
+        arguments,
+        scope,
+        ..
+    } = step;
+    let scope = match (scope, settings.scoped) {
+        (Some(scope), _) => scope,
+        (None, true) => return Err(StepError::missing_scope()),
+        (None, false) => Vec::new(),
+    };
+    if !id.is_valid() {
+        return Err(StepError::invalid());
+    }
+    let store = &settings.store;
+    let key = id.store_key(&scope);
+    let token = ClaimToken::new();
+    let wait_until = deadline.map_or_else(
+        || Instant::now() + settings.max_wait,
+        |deadline| deadline.instant(),
+    );
+
+    // Claim the step, or replay it, or wait for whoever runs it.
+    let mut pause = FIRST_PAUSE;
+    let mut waited = false;
+    loop {
+        let claim = store.claim(key, token, arguments, settings.lease);
+        let outcome = match tokio::time::timeout_at(wait_until, claim).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(error)) => return Err(StepError::store(error)),
+            Err(_) => return Err(StepError::store(StoreError::timeout())),
+        };
+        let record = match outcome {
+            ClaimOutcome::Claimed => break,
+            ClaimOutcome::Existing(record) => record,
+        };
+        if record.fingerprint != arguments {
+            return Err(StepError::mismatch());
+        }
+        match record.state {
+            RecordState::Completed(stored) => {
+                return replay(&settings.codec, &stored, &id, waited);
+            }
+            RecordState::NotReplayable => {
+                return Err(StepError::codec("the step's record holds no result".into()));
+            }
+            RecordState::InProgress { lease_remaining } => {
+                if !waited {
+                    waited = true;
+                    metrics::waited();
+                    tracing::debug!("step: running elsewhere, waiting for its result");
+                }
+                let now = Instant::now();
+                if now >= wait_until {
+                    return Err(StepError::in_progress());
+                }
+                // Look again soon, and at the latest just after the owner's lease ends.
+                let next = pause.min(lease_remaining + Duration::from_millis(1));
+                tokio::time::sleep_until((now + next).min(wait_until)).await;
+                pause = (pause * 2).min((settings.lease / 4).max(FIRST_PAUSE));
+            }
+        }
+    }
+
+    let mut held = Held {
+        store: store.clone(),
+        key,
+        token,
+        retention: settings.retention,
+        marker: None,
+        on_drop: Some(OnDrop::Release),
+    };
+
+    // A call that may not be sent twice is marked sent before it is: a process that dies
+    // after sending leaves the mark, and the step's next owner settles it as unknown.
+    let sent_at = SystemTime::now();
+    if policy == OnUnknown::Refuse {
+        let marker = id.marker_key(&scope);
+        let mark = store.claim(marker, token, record::sent_marker(sent_at), settings.retention);
+        match mark.await {
+            Ok(ClaimOutcome::Claimed) => {
+                held.marker = Some(marker);
+                held.on_drop = Some(OnDrop::Unknown(sent_at));
+            }
+            Ok(ClaimOutcome::Existing(earlier)) => {
+                let earlier = record::marker_sent_at(&earlier.fingerprint);
+                tracing::warn!(
+                    key = %id.idempotency_key(),
+                    "step: an earlier attempt was sent and never recorded; not sending it again"
+                );
+                held.settle_unknown(earlier).await;
+                return Err(StepError::unknown(id.idempotency_key(), earlier, None));
+            }
+            Err(error) => {
+                held.release().await;
+                return Err(StepError::store(error));
+            }
+        }
+    }
+
+    // Call, renewing the lease a third of it apart.
+    let renew_every = (settings.lease / 3).max(Duration::from_millis(1));
+    let call = inner.call(request);
+    tokio::pin!(call);
+    let mut renew_at = Instant::now() + renew_every;
+    let result = loop {
+        tokio::select! {
+            biased;
+            result = &mut call => break result,
+            () = tokio::time::sleep_until(renew_at) => {
+                renew_at = Instant::now() + renew_every;
+                match store.extend(key, token, settings.lease).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!("step: its claim was lost while the call ran (a lease too short?)"),
+                    Err(error) => tracing::warn!(%error, "step: could not renew its lease"),
+                }
+            }
+        }
+    };
+
+    let action = settings.classifier.classify(&result);
+    match result {
+        Ok(value) if action == Action::Success => {
+            let encoded = settings
+                .codec
+                .encode(&value)
+                .map_err(|e| e.to_string())
+                .and_then(|stored| {
+                    if stored.approximate_size() > settings.result_limit {
+                        Err(format!(
+                            "{} bytes, over the limit of {}",
+                            stored.approximate_size(),
+                            settings.result_limit
+                        ))
+                    } else {
+                        Ok(stored)
+                    }
+                });
+            let stored = match encoded {
+                Ok(stored) => stored,
+                Err(why) => {
+                    // The effect happened and cannot be kept: the step stays not done (an
+                    // unkeyed call's mark stays, so its next attempt reports it unknown).
+                    tracing::warn!(%why, "step: the result cannot be stored; the step is not done");
+                    held.marker = None;
+                    held.release().await;
+                    return Ok(StepOutput::not_recorded(value));
+                }
+            };
+            let completion = Completion::Response(record::done(stored));
+            let completed = store
+                .complete(key, token, completion, settings.retention)
+                .await;
+            held.on_drop = None;
+            match completed {
+                Ok(true) => {
+                    held.release_marker().await;
+                    Ok(StepOutput::called(value, waited))
+                }
+                Ok(false) => {
+                    tracing::warn!("step: its claim was lost before the result was stored (a lease too short?)");
+                    Ok(StepOutput::not_recorded(value))
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "step: the result could not be stored; the step is not done");
+                    Ok(StepOutput::not_recorded(value))
+                }
+            }
+        }
+        // An answer that is not a success (an upstream 409, 4xx, 5xx): the tool answered, the
+        // step is not done, and nothing of it is kept.
+        Ok(value) => {
+            held.release().await;
+            Ok(StepOutput::not_recorded(value))
+        }
+        Err(error) if error.is_unsent() || policy == OnUnknown::RunAgain => {
+            held.release().await;
+            Err(StepError::inner(error))
+        }
+        Err(error) => {
+            held.settle_unknown(sent_at).await;
+            Err(StepError::unknown(
+                id.idempotency_key(),
+                sent_at,
+                Some(error),
+            ))
+        }
+    }
+}
+
+fn replay<T, E, C: Codec<T>>(
+    codec: &C,
+    stored: &StoredResponse,
+    id: &crate::StepId,
+    waited: bool,
+) -> Output<T, E> {
+    match record::read(stored) {
+        Some(Recorded::Done(stored)) => codec
+            .decode(stored)
+            .map(|value| StepOutput::replayed(value, waited))
+            .map_err(StepError::codec),
+        Some(Recorded::Unknown { sent_at }) => {
+            Err(StepError::unknown(id.idempotency_key(), sent_at, None))
+        }
+        None => Err(StepError::codec(
+            "the record is not a step's (another layer's record under the same key?)".into(),
+        )),
+    }
+}
+
+/// A claimed step's record (and its sent mark), and what becomes of them if the step's future
+/// is dropped before it settles them (a caller's timeout, a cancelled run): released, or, for
+/// a call that may not be sent twice and may have been, recorded as unknown.
+struct Held<St: IdempotencyStore> {
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+    retention: Duration,
+    marker: Option<StoreKey>,
+    on_drop: Option<OnDrop>,
+}
+
+#[derive(Clone, Copy)]
+enum OnDrop {
+    Release,
+    Unknown(SystemTime),
+}
+
+impl<St: IdempotencyStore> Held<St> {
+    /// Frees the step (and its mark: the call was not sent, or was answered).
+    async fn release(&mut self) {
+        self.on_drop = None;
+        if let Err(error) = self.store.release(self.key, self.token).await {
+            tracing::warn!(%error, "step: could not release its claim; it frees itself when its lease ends");
+        }
+        self.release_marker().await;
+    }
+
+    async fn release_marker(&mut self) {
+        if let Some(marker) = self.marker.take() {
+            if let Err(error) = self.store.release(marker, self.token).await {
+                tracing::warn!(%error, "step: could not remove its sent mark");
+            }
+        }
+    }
+
+    /// Records the step's outcome as unknown, so every later attempt says so too.
+    async fn settle_unknown(&mut self, sent_at: SystemTime) {
+        self.on_drop = None;
+        let completion = Completion::Response(record::unknown(sent_at));
+        let settled = self.store.complete(self.key, self.token, completion, self.retention);
+        if let Err(error) = settled.await {
+            tracing::warn!(%error, "step: could not record its unknown outcome; its sent mark still says so");
+        }
+    }
+}
+
+impl<St: IdempotencyStore> Drop for Held<St> {
+    fn drop(&mut self) {
+        let Some(action) = self.on_drop.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key, token, retention) =
+            (self.store.clone(), self.key, self.token, self.retention);
+        runtime.spawn(async move {
+            let done = match action {
+                OnDrop::Release => store.release(key, token).await,
+                OnDrop::Unknown(sent_at) => {
+                    let completion = Completion::Response(record::unknown(sent_at));
+                    store.complete(key, token, completion, retention).await
+                }
+            };
+            if let Err(error) = done {
+                tracing::warn!(%error, "step: could not settle a dropped step; its lease ends it");
+            }
+        });
+    }
+}

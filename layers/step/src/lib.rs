@@ -1,0 +1,128 @@
+//! Durable steps for tower: an agent's tool call, or any call with a side effect, runs once
+//! per step, and its result is stored and reused across retries, restarts and replicas.
+//!
+//! An agent loop that retries a step after a timeout sends the tool call again: a refund
+//! whose first request was merely slow goes through twice. [`StepLayer`] wraps the tool's
+//! `tower::Service`: each call is a [`Step`] with a [`StepId`] (run, step, tool, occurrence)
+//! that comes from the caller's logic, so it is the same on every retry, after a restart and
+//! in another process. The step's record lives in any
+//! [`IdempotencyStore`](tower_once_idempotency::store::IdempotencyStore): memory, Redis,
+//! Redis Cluster or Postgres.
+//!
+//! ```
+//! use tower::{Layer, Service, ServiceExt};
+//! use tower_once_core::classify::HttpClassifier;
+//! use tower_once_idempotency::store::MemoryStore;
+//! use tower_once_step::{Step, StepId, StepLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct Refund { status: u16 }
+//! // The tool: POST /refunds. Its result is any serde type (JSON in the store).
+//! let payments = tower::service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::io::Error>(Refund { status: 201 })
+//! });
+//! let mut refunds = StepLayer::new(MemoryStore::new())
+//!     .classify(|r: &Result<Refund, std::io::Error>| match r {
+//!         Ok(r) if r.status < 300 => tower_once_core::classify::Action::Success,
+//!         _ => tower_once_core::classify::Action::Stop, // never stored as the tool's result
+//!     })
+//!     .layer(payments);
+//!
+//! let body = r#"{"run":"run-3","amount":40}"#;
+//! let request = http::Request::post("http://payments/refunds").body(body.to_string())?;
+//! let step = Step::new(StepId::new("run-3", 2, "refund"), request)
+//!     .arguments(body) // a repeat with other arguments is a mismatch, nothing sent
+//!     .keyed(); // Idempotency-Key derived from the step: safe to send again
+//! let refund = refunds.ready().await?.call(step).await?;
+//! assert!(!refund.is_replayed());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What a step does
+//!
+//! | the store has the step | the layer | returns |
+//! |---|---|---|
+//! | nothing (or an expired claim) | claims it, calls the inner service with the lease renewed every third of it; a success (by the classifier) is stored | [`StepOutput`], [`is_recorded`](StepOutput::is_recorded) |
+//! | done, same arguments | nothing sent | the stored result, [`is_replayed`](StepOutput::is_replayed) |
+//! | done or in progress, other arguments | nothing sent | [`StepError::is_mismatch`] |
+//! | in progress elsewhere (task, process, replica) | waits (looks again, 10 ms doubling to a quarter of the lease) until it is done, its owner's lease ends, or the deadline | its result, [`waited`](StepOutput::waited); or [`StepError::is_in_progress`] at the deadline |
+//! | an earlier attempt sent, never recorded | by the step's [`OnUnknown`] policy: [`RunAgain`](OnUnknown::RunAgain) calls again; [`Refuse`](OnUnknown::Refuse) sends nothing and records the outcome as unknown | the result; or [`StepError::is_unknown`], with the key and when it was sent |
+//! | recorded as unknown | nothing sent | [`StepError::is_unknown`] again |
+//! | store unreachable | nothing sent | [`StepError::is_store`] |
+//!
+//! And once the call returns:
+//!
+//! | the call | the record | returns |
+//! |---|---|---|
+//! | a success (by the classifier) | its result, through the [`Codec`] ([`Json`] by default), kept for the retention (7 days) | the result, recorded |
+//! | an answer that is not a success (an upstream `409`, `429`, `4xx`, `5xx`) | none: released; the step is not done | the answer, [`is_recorded`](StepOutput::is_recorded) `false` |
+//! | an error that says it was never sent (a refused connection) | none: released | [`StepError::is_inner`] |
+//! | any other error (a timeout, a reset), policy `RunAgain` | none: released; the next attempt sends again, with the same key | [`StepError::is_inner`] |
+//! | any other error, policy `Refuse` | unknown, recorded | [`StepError::is_unknown`], the error inside |
+//! | the step's future dropped (a caller's timeout) | released, or unknown for `Refuse` (on a task of its own) | — |
+//! | the process killed | the claim ends with its lease; an unkeyed call's mark stays, so the next owner settles it unknown | — |
+//!
+//! # Unknown outcomes
+//!
+//! A call that timed out may have had its effect. The safe way to send it again is with a key
+//! the downstream honours: [`Step::keyed`] stamps [`StepId::idempotency_key`] (`step-` and
+//! 32 hex digits, derived from the step, the same in every process) as `Idempotency-Key`, and
+//! the step's policy becomes [`OnUnknown::RunAgain`]. Without a key, a request that is not
+//! idempotent gets [`OnUnknown::Refuse`]: before it is sent, the step writes a "sent" mark in
+//! the store (one more round trip), and any later attempt that finds the mark without a
+//! result records the step as unknown and never sends it. The caller decides: ask a person,
+//! look the effect up downstream with the key and time the error carries.
+//!
+//! # Costs
+//!
+//! A replay is one store round trip and a decode; a fresh keyed step two (claim, record); a
+//! fresh unkeyed one four (claim, mark, record, unmark).
+//!
+//! # Compared with durable-execution engines
+//!
+//! | | this layer | Restate `ctx.run` | DBOS steps | Temporal activities |
+//! |---|---|---|---|---|
+//! | what is stored | a step's successful result, under (run, step, tool, occurrence) | the journal of a handler's every action | each step's output, keyed by workflow id and position | the activity's result in the workflow history |
+//! | where | your Redis, Postgres, or memory | the Restate server's log | your Postgres | the Temporal cluster |
+//! | a crash between the effect and the record | keyed: sent again with the same key; unkeyed: reported unknown, never sent twice | the action runs again | the step runs again (a transaction step records in its own transaction) | the activity runs again |
+//! | a changed call on replay | mismatch error, nothing sent | journal mismatch error | — | non-determinism error |
+//! | what you run | a tower layer in your process | a server | a library and Postgres | a cluster and workers |
+//!
+//! # Tracing and metrics
+//!
+//! Each step runs in a `step` span with `step.run`, `step.position`, `step.tool`,
+//! `step.occurrence` and, at its end, `step.outcome` (`called`, `replayed`, `unknown`,
+//! `mismatch`, `in_progress`, `failed`). With the `metrics` feature:
+//! `tower_once_step_steps_total{outcome}` and `tower_once_step_waits_total` (steps that
+//! waited for another owner).
+//!
+//! # Known limits
+//!
+//! - A step whose effect is in your own Postgres database does not yet record its result in
+//!   the effect's transaction: the record is a second write, so a crash between the two runs
+//!   a keyed step again (with its key) or reports an unkeyed one unknown.
+//! - There is no verify hook yet that asks the downstream whether an unknown call happened.
+
+mod call;
+mod codec;
+mod error;
+mod future;
+mod id;
+mod layer;
+mod metrics;
+mod output;
+mod record;
+mod service;
+
+pub use self::call::{OnUnknown, Step, StepRequest};
+pub use self::codec::{Codec, Json};
+pub use self::error::StepError;
+pub use self::future::ResponseFuture;
+pub use self::id::{StepId, MAX_ID_LEN};
+pub use self::layer::{
+    StepLayer, DEFAULT_LEASE, DEFAULT_MAX_WAIT, DEFAULT_RESULT_LIMIT, DEFAULT_RETENTION,
+};
+pub use self::output::StepOutput;
+pub use self::service::Steps;

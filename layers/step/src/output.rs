@@ -1,0 +1,70 @@
+//! What a step returns: the result, and whether it was called, replayed or left unrecorded.
+
+/// A step's result. See the [crate docs](crate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepOutput<T> {
+    value: T,
+    how: How,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    Called { waited: bool },
+    Replayed { waited: bool },
+    NotRecorded,
+}
+
+impl<T> StepOutput<T> {
+    pub(crate) fn called(value: T, waited: bool) -> Self {
+        Self {
+            value,
+            how: How::Called { waited },
+        }
+    }
+
+    pub(crate) fn replayed(value: T, waited: bool) -> Self {
+        Self {
+            value,
+            how: How::Replayed { waited },
+        }
+    }
+
+    pub(crate) fn not_recorded(value: T) -> Self {
+        Self {
+            value,
+            how: How::NotRecorded,
+        }
+    }
+
+    /// The stored result was returned; nothing was sent.
+    pub fn is_replayed(&self) -> bool {
+        matches!(self.how, How::Replayed { .. })
+    }
+
+    /// The step waited for another task, process or replica running it.
+    pub fn waited(&self) -> bool {
+        matches!(
+            self.how,
+            How::Called { waited: true } | How::Replayed { waited: true }
+        )
+    }
+
+    /// The result is the step's recorded result (called now and stored, or replayed). `false`
+    /// for an answer the classifier does not call a success (an upstream `409`, `429`, `4xx`
+    /// or `5xx`), which is returned as it is and never stored: the step is not done, and a
+    /// later attempt calls again. Also `false` for a success the store could not keep (a
+    /// store failure, or a result over the size limit), logged.
+    pub fn is_recorded(&self) -> bool {
+        !matches!(self.how, How::NotRecorded)
+    }
+
+    /// The result.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The result, consuming this.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+}

@@ -1,0 +1,97 @@
+//! The records a step keeps: its result (through the codec) or an unknown outcome, and the
+//! marker written before an unkeyed call is sent.
+
+use http::{HeaderName, HeaderValue, StatusCode};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tower_once_idempotency::fingerprint::Fingerprint;
+use tower_once_idempotency::store::StoredResponse;
+
+/// On every step record: what it holds.
+pub(crate) const STEP_RECORD: HeaderName = HeaderName::from_static("tower-once-step");
+/// On an unknown-outcome record: when the call was sent (milliseconds since the epoch).
+const SENT_AT: HeaderName = HeaderName::from_static("tower-once-step-sent-at");
+
+/// A record as the step reads it.
+pub(crate) enum Recorded<'a> {
+    Done(&'a StoredResponse),
+    Unknown { sent_at: SystemTime },
+}
+
+/// Marks `record` (the codec's) as a done step's.
+pub(crate) fn done(mut record: StoredResponse) -> StoredResponse {
+    record
+        .headers
+        .insert(STEP_RECORD, HeaderValue::from_static("done"));
+    record
+}
+
+/// The record of a step whose outcome is unknown: sent at `sent_at`, never recorded.
+pub(crate) fn unknown(sent_at: SystemTime) -> StoredResponse {
+    let mut record = StoredResponse::new(StatusCode::OK, Default::default(), Default::default());
+    record
+        .headers
+        .insert(STEP_RECORD, HeaderValue::from_static("unknown"));
+    record
+        .headers
+        .insert(SENT_AT, HeaderValue::from(millis(sent_at)));
+    record
+}
+
+pub(crate) fn read(record: &StoredResponse) -> Option<Recorded<'_>> {
+    match record.headers.get(STEP_RECORD)?.as_bytes() {
+        b"done" => Some(Recorded::Done(record)),
+        b"unknown" => {
+            let sent_at = record
+                .headers
+                .get(SENT_AT)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(UNIX_EPOCH, from_millis);
+            Some(Recorded::Unknown { sent_at })
+        }
+        _ => None,
+    }
+}
+
+/// The marker's fingerprint: a tag and when the call was sent.
+pub(crate) fn sent_marker(sent_at: SystemTime) -> Fingerprint {
+    let mut out = [0; 32];
+    out[..16].copy_from_slice(b"tower-once sent\x01");
+    out[16..24].copy_from_slice(&millis(sent_at).to_be_bytes());
+    Fingerprint::from_bytes(out)
+}
+
+/// When the call a marker stands for was sent.
+pub(crate) fn marker_sent_at(marker: &Fingerprint) -> SystemTime {
+    let bytes = marker.as_bytes();
+    if &bytes[..16] != b"tower-once sent\x01" {
+        return UNIX_EPOCH;
+    }
+    let mut ms = [0; 8];
+    ms.copy_from_slice(&bytes[16..24]);
+    from_millis(u64::from_be_bytes(ms))
+}
+
+fn millis(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn from_millis(ms: u64) -> SystemTime {
+    UNIX_EPOCH
+        .checked_add(Duration::from_millis(ms))
+        .unwrap_or(UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_keeps_when_it_was_sent_to_the_millisecond() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_764_000_000_123);
+        assert_eq!(marker_sent_at(&sent_marker(at)), at);
+        let unknown = unknown(at);
+        assert!(matches!(read(&unknown), Some(Recorded::Unknown { sent_at }) if sent_at == at));
+    }
+}

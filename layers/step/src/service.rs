@@ -1,0 +1,90 @@
+//! [`Steps`], the service of [`StepLayer`](crate::StepLayer).
+
+use crate::call::{Step, StepRequest};
+use crate::codec::Codec;
+use crate::error::StepError;
+use crate::future::{run, ResponseFuture};
+use crate::layer::Settings;
+use crate::output::StepOutput;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_once_core::classify::Classify;
+use tower_once_core::unsent::Unsent;
+use tower_once_idempotency::store::IdempotencyStore;
+use tower_service::Service;
+
+/// The service of [`StepLayer`](crate::StepLayer): takes a [`Step`], returns a
+/// [`StepOutput`].
+pub struct Steps<S, St, C, K> {
+    inner: S,
+    settings: Arc<Settings<St, C, K>>,
+}
+
+impl<S, St, C, K> Steps<S, St, C, K> {
+    pub(crate) fn new(inner: S, settings: Arc<Settings<St, C, K>>) -> Self {
+        Self { inner, settings }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St, C, K> Clone for Steps<S, St, C, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug, C: fmt::Debug, K: fmt::Debug> fmt::Debug
+    for Steps<S, St, C, K>
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Steps")
+            .field("inner", &self.inner)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl<S, St, C, K, Req> Service<Step<Req>> for Steps<S, St, C, K>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send + 'static,
+    S::Error: Unsent + Send + 'static,
+    Req: StepRequest + Send + 'static,
+    St: IdempotencyStore,
+    C: Codec<S::Response> + Send + Sync + 'static,
+    K: Classify<S::Response, S::Error> + Send + Sync + 'static,
+{
+    type Response = StepOutput<S::Response>;
+    type Error = StepError<S::Error>;
+    type Future = ResponseFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(StepError::inner)
+    }
+
+    fn call(&mut self, step: Step<Req>) -> Self::Future {
+        // The ready service goes into the future; the clone stays for the next poll_ready.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(run(inner, Arc::clone(&self.settings), step))
+    }
+}
