@@ -52,7 +52,10 @@ impl<B> StepRequest for http::Request<B> {
     }
 
     fn carry_key(&mut self, key: &str) -> bool {
-        if self.headers().contains_key(tower_once_core::IDEMPOTENCY_KEY) {
+        if self
+            .headers()
+            .contains_key(tower_once_core::IDEMPOTENCY_KEY)
+        {
             return true;
         }
         match http::HeaderValue::from_str(key) {

@@ -30,7 +30,11 @@ where
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        Ok(StoredResponse::new(StatusCode::OK, headers, Bytes::from(body)))
+        Ok(StoredResponse::new(
+            StatusCode::OK,
+            headers,
+            Bytes::from(body),
+        ))
     }
 
     fn decode(&self, record: &StoredResponse) -> Result<T, BoxError> {

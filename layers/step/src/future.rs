@@ -200,7 +200,12 @@ where
     let sent_at = SystemTime::now();
     if policy == OnUnknown::Refuse {
         let marker = id.marker_key(&scope);
-        let mark = store.claim(marker, token, record::sent_marker(sent_at), settings.retention);
+        let mark = store.claim(
+            marker,
+            token,
+            record::sent_marker(sent_at),
+            settings.retention,
+        );
         match mark.await {
             Ok(ClaimOutcome::Claimed) => {
                 held.marker = Some(marker);
@@ -372,7 +377,9 @@ impl<St: IdempotencyStore> Held<St> {
     async fn settle_unknown(&mut self, sent_at: SystemTime) {
         self.on_drop = None;
         let completion = Completion::Response(record::unknown(sent_at));
-        let settled = self.store.complete(self.key, self.token, completion, self.retention);
+        let settled = self
+            .store
+            .complete(self.key, self.token, completion, self.retention);
         if let Err(error) = settled.await {
             tracing::warn!(%error, "step: could not record its unknown outcome; its sent mark still says so");
         }

@@ -79,7 +79,10 @@ impl<St> StepLayer<St> {
 }
 
 impl<St: Clone, C: Clone, K: Clone> StepLayer<St, C, K> {
-    fn map<C2, K2>(self, f: impl FnOnce(Settings<St, C, K>) -> Settings<St, C2, K2>) -> StepLayer<St, C2, K2> {
+    fn map<C2, K2>(
+        self,
+        f: impl FnOnce(Settings<St, C, K>) -> Settings<St, C2, K2>,
+    ) -> StepLayer<St, C2, K2> {
         let settings = Arc::try_unwrap(self.settings).unwrap_or_else(|shared| Settings {
             store: shared.store.clone(),
             codec: shared.codec.clone(),
@@ -147,7 +150,10 @@ impl<St: Clone, C: Clone, K: Clone> StepLayer<St, C, K> {
     ///
     /// If `retention` is zero.
     pub fn retention(self, retention: Duration) -> Self {
-        assert!(!retention.is_zero(), "StepLayer::retention must not be zero");
+        assert!(
+            !retention.is_zero(),
+            "StepLayer::retention must not be zero"
+        );
         self.map(|s| Settings { retention, ..s })
     }
 
