@@ -109,6 +109,8 @@
 //! | `tower_once_hedge_hedges_total` | counter | | hedges sent |
 //! | `tower_once_hedge_wins_total` | counter | | operations a hedge answered first |
 //! | `tower_once_hedge_budget_refusals_total` | counter | | hedges the retry budget refused |
+//! | `tower_once_step_steps_total` | counter | `outcome`: `called`, `replayed`, `unknown`, `mismatch`, `in_progress`, `failed` | steps, by how they ended |
+//! | `tower_once_step_waits_total` | counter | | steps that waited for the same step running elsewhere |
 //! | `tower_once_timeout_timeouts_total` | counter | `bound`: `limit`, `deadline`; `layer`: `timeout`, `http_body`, `server` | expiries |
 //! | `tower_once_worker_processed_total` | counter | | deliveries whose handler succeeded (acknowledged) |
 //! | `tower_once_worker_failed_total` | counter | | deliveries whose handler failed or missed its deadline |

@@ -4,6 +4,7 @@
 use crate::call::{OnUnknown, Step, StepRequest};
 use crate::codec::Codec;
 use crate::error::StepError;
+use crate::held::{Held, OnDrop};
 use crate::layer::Settings;
 use crate::metrics::{self, Outcome};
 use crate::output::StepOutput;
@@ -19,8 +20,7 @@ use tower_once_core::classify::{Action, Classify};
 use tower_once_core::deadline::Deadline;
 use tower_once_core::unsent::Unsent;
 use tower_once_idempotency::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoreKey,
-    StoredResponse,
+    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoredResponse,
 };
 use tower_service::Service;
 use tracing::Instrument;
@@ -186,14 +186,7 @@ where
         }
     }
 
-    let mut held = Held {
-        store: store.clone(),
-        key,
-        token,
-        retention: settings.retention,
-        marker: None,
-        on_drop: Some(OnDrop::Release),
-    };
+    let mut held = Held::new(store.clone(), key, token, settings.retention);
 
     // A call that may not be sent twice is marked sent before it is: a process that dies
     // after sending leaves the mark, and the step's next owner settles it as unknown.
@@ -334,79 +327,5 @@ fn replay<T, E, C: Codec<T>>(
         None => Err(StepError::codec(
             "the record is not a step's (another layer's record under the same key?)".into(),
         )),
-    }
-}
-
-/// A claimed step's record (and its sent mark), and what becomes of them if the step's future
-/// is dropped before it settles them (a caller's timeout, a cancelled run): released, or, for
-/// a call that may not be sent twice and may have been, recorded as unknown.
-struct Held<St: IdempotencyStore> {
-    store: St,
-    key: StoreKey,
-    token: ClaimToken,
-    retention: Duration,
-    marker: Option<StoreKey>,
-    on_drop: Option<OnDrop>,
-}
-
-#[derive(Clone, Copy)]
-enum OnDrop {
-    Release,
-    Unknown(SystemTime),
-}
-
-impl<St: IdempotencyStore> Held<St> {
-    /// Frees the step (and its mark: the call was not sent, or was answered).
-    async fn release(&mut self) {
-        self.on_drop = None;
-        if let Err(error) = self.store.release(self.key, self.token).await {
-            tracing::warn!(%error, "step: could not release its claim; it frees itself when its lease ends");
-        }
-        self.release_marker().await;
-    }
-
-    async fn release_marker(&mut self) {
-        if let Some(marker) = self.marker.take() {
-            if let Err(error) = self.store.release(marker, self.token).await {
-                tracing::warn!(%error, "step: could not remove its sent mark");
-            }
-        }
-    }
-
-    /// Records the step's outcome as unknown, so every later attempt says so too.
-    async fn settle_unknown(&mut self, sent_at: SystemTime) {
-        self.on_drop = None;
-        let completion = Completion::Response(record::unknown(sent_at));
-        let settled = self
-            .store
-            .complete(self.key, self.token, completion, self.retention);
-        if let Err(error) = settled.await {
-            tracing::warn!(%error, "step: could not record its unknown outcome; its sent mark still says so");
-        }
-    }
-}
-
-impl<St: IdempotencyStore> Drop for Held<St> {
-    fn drop(&mut self) {
-        let Some(action) = self.on_drop.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, key, token, retention) =
-            (self.store.clone(), self.key, self.token, self.retention);
-        runtime.spawn(async move {
-            let done = match action {
-                OnDrop::Release => store.release(key, token).await,
-                OnDrop::Unknown(sent_at) => {
-                    let completion = Completion::Response(record::unknown(sent_at));
-                    store.complete(key, token, completion, retention).await
-                }
-            };
-            if let Err(error) = done {
-                tracing::warn!(%error, "step: could not settle a dropped step; its lease ends it");
-            }
-        });
     }
 }

@@ -109,6 +109,7 @@ mod call;
 mod codec;
 mod error;
 mod future;
+mod held;
 mod id;
 mod layer;
 mod metrics;

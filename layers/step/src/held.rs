@@ -1,0 +1,91 @@
+//! A claimed step's record and sent mark, settled on every path, and on a task of its own when
+//! the step's future is dropped.
+
+use crate::record;
+use std::time::{Duration, SystemTime};
+use tower_once_idempotency::store::{ClaimToken, Completion, IdempotencyStore, StoreKey};
+
+/// A claimed step's record (and its sent mark), and what becomes of them if the step's future
+/// is dropped before it settles them (a caller's timeout, a cancelled run): released, or, for
+/// a call that may not be sent twice and may have been, recorded as unknown.
+pub(crate) struct Held<St: IdempotencyStore> {
+    store: St,
+    key: StoreKey,
+    token: ClaimToken,
+    retention: Duration,
+    pub(crate) marker: Option<StoreKey>,
+    pub(crate) on_drop: Option<OnDrop>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum OnDrop {
+    Release,
+    Unknown(SystemTime),
+}
+
+impl<St: IdempotencyStore> Held<St> {
+    /// A step just claimed: released if dropped before anything else is decided.
+    pub(crate) fn new(store: St, key: StoreKey, token: ClaimToken, retention: Duration) -> Self {
+        Self {
+            store,
+            key,
+            token,
+            retention,
+            marker: None,
+            on_drop: Some(OnDrop::Release),
+        }
+    }
+    /// Frees the step (and its mark: the call was not sent, or was answered).
+    pub(crate) async fn release(&mut self) {
+        self.on_drop = None;
+        if let Err(error) = self.store.release(self.key, self.token).await {
+            tracing::warn!(%error, "step: could not release its claim; it frees itself when its lease ends");
+        }
+        self.release_marker().await;
+    }
+
+    pub(crate) async fn release_marker(&mut self) {
+        if let Some(marker) = self.marker.take() {
+            if let Err(error) = self.store.release(marker, self.token).await {
+                tracing::warn!(%error, "step: could not remove its sent mark");
+            }
+        }
+    }
+
+    /// Records the step's outcome as unknown, so every later attempt says so too.
+    pub(crate) async fn settle_unknown(&mut self, sent_at: SystemTime) {
+        self.on_drop = None;
+        let completion = Completion::Response(record::unknown(sent_at));
+        let settled = self
+            .store
+            .complete(self.key, self.token, completion, self.retention);
+        if let Err(error) = settled.await {
+            tracing::warn!(%error, "step: could not record its unknown outcome; its sent mark still says so");
+        }
+    }
+}
+
+impl<St: IdempotencyStore> Drop for Held<St> {
+    fn drop(&mut self) {
+        let Some(action) = self.on_drop.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key, token, retention) =
+            (self.store.clone(), self.key, self.token, self.retention);
+        runtime.spawn(async move {
+            let done = match action {
+                OnDrop::Release => store.release(key, token).await,
+                OnDrop::Unknown(sent_at) => {
+                    let completion = Completion::Response(record::unknown(sent_at));
+                    store.complete(key, token, completion, retention).await
+                }
+            };
+            if let Err(error) = done {
+                tracing::warn!(%error, "step: could not settle a dropped step; its lease ends it");
+            }
+        });
+    }
+}
