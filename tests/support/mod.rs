@@ -1,8 +1,9 @@
 //! What the workspace's tests share beyond `tower-once-test-support`: the example binaries
 //! built with this package's features, the demo server as a process, a blocking HTTP/1.1
-//! exchange, and the pipeline example's processes.
+//! exchange, the pipeline example's processes, and the fake payments API the agent example calls.
 #![allow(dead_code)] // each test binary uses part of this module
 
+pub(crate) mod payments;
 pub(crate) mod pipeline;
 
 use std::net::TcpStream;
