@@ -4,7 +4,7 @@
 # valgrind hides the CPU's SHA extensions, so SHA-256 runs in software there: the last column
 # leaves `sha2::sha256::compress256` out (on hardware with SHA-NI it costs a small fraction).
 # Usage: bash benches/callgrind.sh [N] [CASE...]   (every case by default; needs valgrind:
-# apt-get install valgrind)
+# apt-get install valgrind). BENCH=step counts benches/step.rs's cases instead (name them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
@@ -14,9 +14,10 @@ cases=("$@")
   echo resilience_breaker once_breaker once_breaker_consecutive once_breaker_keyed
   tower_hedge once_hedge tower_hedge_unarmed once_hedge_percentile)
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
-bin=$(cargo bench --bench cost --no-run --message-format=json 2>/dev/null \
-  | sed -n 's/.*"executable":"\([^"]*cost-[^"]*\)".*/\1/p' | tail -n 1)
-[ -x "$bin" ] || { echo "could not build benches/cost.rs"; exit 1; }
+bench=${BENCH:-cost}
+bin=$(cargo bench --bench "$bench" --no-run --message-format=json 2>/dev/null \
+  | sed -n "s/.*\"executable\":\"\([^\"]*$bench-[^\"]*\)\".*/\1/p" | tail -n 1)
+[ -x "$bin" ] || { echo "could not build benches/$bench.rs"; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 count() { # case requests -> "total sha256"
