@@ -5,6 +5,7 @@
 //!
 //! ```sh
 //! cargo bench --bench step                                   # allocations per step
+//! cargo bench --bench step -- time                           # ns per step, interleaved rounds
 //! BENCH=step bash benches/callgrind.sh 2000 map_decode step_replay step_fresh  # instructions
 //! ```
 
@@ -13,9 +14,10 @@
 #[path = "support/report.rs"]
 mod report;
 
-use report::Table;
+use report::{median, median_ratio, Table};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_once::idempotency::store::MemoryStore;
 use tower_once::step::{Step, StepId, StepLayer, StepRequest};
@@ -57,7 +59,14 @@ fn tool(_: Call) -> std::future::Ready<Result<ToolResult, std::io::Error>> {
 struct Cases {
     map: HashMap<String, Vec<u8>>,
     steps: Steps,
+    /// Fresh steps go to a store of their own, replaced every 4 096 steps: a memory store that
+    /// fills up makes room by dropping records, the replayed one among them.
+    fresh_steps: Steps,
     fresh: u64,
+}
+
+fn steps() -> Steps {
+    StepLayer::new(MemoryStore::new()).layer(tower::service_fn(tool as fn(Call) -> _))
 }
 
 impl Cases {
@@ -67,20 +76,20 @@ impl Cases {
             "run-3/2/refund".to_owned(),
             serde_json::to_vec(&result()).expect("serializes"),
         );
-        let steps =
-            StepLayer::new(MemoryStore::new()).layer(tower::service_fn(tool as fn(Call) -> _));
         let mut cases = Self {
             map,
-            steps,
+            steps: steps(),
+            fresh_steps: steps(),
             fresh: 0,
         };
-        cases.step("run-3".to_owned()).await; // recorded, for the replays
+        let replayed = Self::step(&mut cases.steps, "run-3".to_owned()).await;
+        assert!(!replayed, "recorded, for the replays");
         cases
     }
 
-    async fn step(&mut self, run: String) -> bool {
+    async fn step(steps: &mut Steps, run: String) -> bool {
         let step = Step::new(StepId::new(run, 2, "refund"), Call(40)).arguments("40");
-        let ready = self.steps.ready().await.expect("ready");
+        let ready = steps.ready().await.expect("ready");
         ready.call(step).await.expect("a step").is_replayed()
     }
 
@@ -92,10 +101,14 @@ impl Cases {
                     let value: ToolResult = serde_json::from_slice(stored).expect("decodes");
                     assert_eq!(value.status, 201);
                 }
-                "step_replay" => assert!(self.step("run-3".to_owned()).await),
+                "step_replay" => assert!(Self::step(&mut self.steps, "run-3".to_owned()).await),
                 "step_fresh" => {
                     self.fresh += 1;
-                    assert!(!self.step(format!("fresh-{}", self.fresh)).await)
+                    if self.fresh % 4096 == 0 {
+                        self.fresh_steps = steps();
+                    }
+                    let run = format!("fresh-{}", self.fresh);
+                    assert!(!Self::step(&mut self.fresh_steps, run).await)
                 }
                 other => panic!("unknown case {other}; one of {CASES:?}"),
             }
@@ -118,6 +131,10 @@ fn main() {
             cases.run(case, 2).await;
         }
     });
+    if let [mode] = args.as_slice() {
+        assert_eq!(mode, "time", "usage: time | CASE N");
+        return time(&rt, &mut cases);
+    }
     if let [case, n] = args.as_slice() {
         // One case, uncounted: for callgrind (benches/callgrind.sh).
         let n = n.parse().expect("a request count");
@@ -141,6 +158,29 @@ fn main() {
                 "{:.0}",
                 (after.total_bytes - before.total_bytes) as f64 / N as f64
             ),
+        ]);
+    }
+}
+
+/// Nanoseconds per step of each case, in interleaved rounds (a noisy moment slows every case
+/// of its round alike), and each case's median ratio to `map_decode` over the rounds.
+fn time(rt: &tokio::runtime::Runtime, cases: &mut Cases) {
+    const ROUNDS: usize = 15;
+    const N: u64 = 20_000;
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); CASES.len()];
+    for _ in 0..ROUNDS {
+        for (i, case) in CASES.iter().enumerate() {
+            let start = Instant::now();
+            rt.block_on(cases.run(case, N));
+            ns[i].push(start.elapsed().as_nanos() as f64 / N as f64);
+        }
+    }
+    let table = Table::new(&["case", "ns/step (median)", "ratio to map_decode"]);
+    for (i, case) in CASES.iter().enumerate() {
+        table.row(&[
+            case.to_string(),
+            format!("{:.0}", median(ns[i].iter().copied())),
+            format!("{:.2}", median_ratio(&ns[i], &ns[0])),
         ]);
     }
 }

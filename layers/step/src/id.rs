@@ -96,22 +96,28 @@ impl StepId {
         self.scoped(b"tower-once/step-sent/v1", scope)
     }
 
+    /// One SHA-256 over the domain, the scope and the id: collision-resistant, since a scope
+    /// is a tenant and a run id may be a client's.
     fn scoped(&self, domain: &[u8], scope: &[u8]) -> StoreKey {
         let mut hasher = Sha256::new();
         hasher.update(domain);
         framed(&mut hasher, scope);
-        hasher.update(self.digest(b"tower-once/step-id/v1"));
+        self.feed(&mut hasher);
         StoreKey::from_bytes(hasher.finalize().into()).with_scope(scope)
     }
 
     fn digest(&self, domain: &[u8]) -> [u8; 32] {
         let mut hasher = Sha256::new();
         hasher.update(domain);
-        framed(&mut hasher, self.run.as_bytes());
-        hasher.update(self.step.to_be_bytes());
-        framed(&mut hasher, self.tool.as_bytes());
-        hasher.update(self.occurrence.to_be_bytes());
+        self.feed(&mut hasher);
         hasher.finalize().into()
+    }
+
+    fn feed(&self, hasher: &mut Sha256) {
+        framed(hasher, self.run.as_bytes());
+        hasher.update(self.step.to_be_bytes());
+        framed(hasher, self.tool.as_bytes());
+        hasher.update(self.occurrence.to_be_bytes());
     }
 }
 
