@@ -44,6 +44,13 @@ pub trait StepRequest {
     fn deadline(&self) -> Option<Deadline> {
         None
     }
+
+    /// Where the step puts its [`Claim`](tower_once_idempotency::Claim) on a store whose
+    /// records a tool can commit in its own transaction (Postgres), if the request has
+    /// extensions.
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        None
+    }
 }
 
 impl<B> StepRequest for http::Request<B> {
@@ -70,6 +77,10 @@ impl<B> StepRequest for http::Request<B> {
 
     fn deadline(&self) -> Option<Deadline> {
         Deadline::of(self)
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        Some(http::Request::extensions_mut(self))
     }
 }
 

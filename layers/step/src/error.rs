@@ -26,6 +26,7 @@ enum Kind<E> {
     Codec(BoxError),
     MissingScope,
     Invalid,
+    Misused(&'static str),
 }
 
 impl<E> StepError<E> {
@@ -79,6 +80,18 @@ impl<E> StepError<E> {
         Self {
             kind: Kind::Invalid,
         }
+    }
+
+    pub(crate) fn misused(why: &'static str) -> Self {
+        Self {
+            kind: Kind::Misused(why),
+        }
+    }
+
+    /// The step cannot be run safely as configured (its message says why and what to do).
+    /// Nothing was sent.
+    pub fn is_misused(&self) -> bool {
+        matches!(self.kind, Kind::Misused(_))
     }
 
     /// The inner service failed (its error is [`inner_error`](Self::inner_error)); nothing
@@ -191,6 +204,7 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
             Kind::Codec(e) => write!(f, "the step's stored result could not be read: {e}"),
             Kind::MissingScope => f.write_str("the step has no scope, and the layer requires one; nothing sent"),
             Kind::Invalid => f.write_str("the step id is too long; nothing sent"),
+            Kind::Misused(why) => write!(f, "{why}; nothing sent"),
         }
     }
 }
@@ -215,6 +229,7 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
             Kind::Codec(e) => f.debug_tuple("StepError::Codec").field(e).finish(),
             Kind::MissingScope => f.write_str("StepError::MissingScope"),
             Kind::Invalid => f.write_str("StepError::Invalid"),
+            Kind::Misused(why) => f.debug_tuple("StepError::Misused").field(why).finish(),
         }
     }
 }

@@ -19,9 +19,11 @@ use tokio::time::Instant;
 use tower_once_core::classify::{Action, Classify};
 use tower_once_core::deadline::Deadline;
 use tower_once_core::unsent::Unsent;
+use tower_once_idempotency::store::Settled;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoredResponse,
 };
+use tower_once_idempotency::{Claim, JobRecord};
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -123,7 +125,7 @@ where
     let policy = step.on_unknown_policy();
     let Step {
         id,
-        request,
+        mut request,
         arguments,
         scope,
         ..
@@ -137,6 +139,11 @@ where
         return Err(StepError::invalid());
     }
     let store = &settings.store;
+    if policy == OnUnknown::Refuse && store.claims_are_transactions() {
+        return Err(StepError::misused(
+            "a call that may not be sent twice needs a sent mark that outlives a crash, and a claim on a transactional PostgresStore is an open transaction: key the step, mark it OnUnknown::RunAgain when its effect commits in the step's transaction, or keep the steps in a store that writes its claims",
+        ));
+    }
     let key = id.store_key(&scope);
     let token = ClaimToken::new();
     let wait_until = deadline.map_or_else(
@@ -220,6 +227,25 @@ where
         }
     }
 
+    // A store whose records a tool can commit in its own transaction (Postgres): hand the
+    // tool the step's claim, so that its effect and the step's result commit together.
+    let in_transaction = if St::COMPLETES_IN_TRANSACTION {
+        request.extensions_mut().map(|extensions| {
+            let written = JobRecord::default();
+            let claim = Claim::for_job(
+                store.clone(),
+                key,
+                token,
+                settings.retention,
+                written.clone(),
+            );
+            extensions.insert(claim);
+            written
+        })
+    } else {
+        None
+    };
+
     // Call, renewing the lease a third of it apart.
     let renew_every = (settings.lease / 3).max(Duration::from_millis(1));
     let call = inner.call(request);
@@ -258,6 +284,16 @@ where
                         Ok(stored)
                     }
                 });
+            let value = match in_transaction.as_ref() {
+                Some(written) => match settled_by_tool(written).await {
+                    Some(settled) => match settled_step(&mut held, settled, value, waited).await {
+                        Ok(out) => return Ok(out),
+                        Err(value) => value,
+                    },
+                    None => value,
+                },
+                None => value,
+            };
             let stored = match encoded {
                 Ok(stored) => stored,
                 Err(why) => {
@@ -295,7 +331,12 @@ where
             held.release().await;
             Ok(StepOutput::not_recorded(value))
         }
-        Err(error) if error.is_unsent() || policy == OnUnknown::RunAgain => {
+        // Unsent, or safe to send again, or its effect rolled back with the step's transaction.
+        Err(error)
+            if error.is_unsent()
+                || policy == OnUnknown::RunAgain
+                || in_transaction.as_ref().is_some_and(JobRecord::is_written) =>
+        {
             held.release().await;
             Err(StepError::inner(error))
         }
@@ -306,6 +347,42 @@ where
                 sent_at,
                 Some(error),
             ))
+        }
+    }
+}
+
+/// What became of the result a tool committed in its own transaction, if it wrote one.
+async fn settled_by_tool(written: &JobRecord) -> Option<Result<Settled, StoreError>> {
+    Some(written.check()?.await)
+}
+
+/// A step whose tool wrote its result in its own transaction: committed (done), rolled back
+/// (not done, released), or its transaction committed without it (`Err`: the layer records
+/// the result as usual).
+async fn settled_step<T, St: IdempotencyStore>(
+    held: &mut Held<St>,
+    settled: Result<Settled, StoreError>,
+    value: T,
+    waited: bool,
+) -> Result<StepOutput<T>, T> {
+    match settled {
+        Ok(Settled::Done) => {
+            held.on_drop = None;
+            held.release_marker().await;
+            Ok(StepOutput::called(value, waited))
+        }
+        Ok(Settled::Store) => Err(value),
+        Ok(Settled::Release) => {
+            tracing::warn!(
+                "step: the tool returned a success, but its transaction rolled back; the step is not done"
+            );
+            held.release().await;
+            Ok(StepOutput::not_recorded(value))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "step: could not read whether the tool's transaction committed; the step is not done");
+            held.on_drop = None;
+            Ok(StepOutput::not_recorded(value))
         }
     }
 }

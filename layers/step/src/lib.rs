@@ -75,6 +75,14 @@
 //! result records the step as unknown and never sends it. The caller decides: ask a person,
 //! look the effect up downstream with the key and time the error carries.
 //!
+//! # Effects in Postgres
+//!
+//! On a [`PostgresStore::transactional`](tower_once_idempotency::store::postgres::PostgresStore::transactional)
+//! store, the step's claim is a transaction holding the step's lock, handed to the tool (an
+//! `http::Request`'s extensions carry its `Claim`): the tool writes its effect on it and
+//! commits it with the step's result ([`postgres::commit`], feature `postgres`), one commit.
+//! A failure or a crash before it leaves neither, and the step runs again at once.
+//!
 //! # Costs
 //!
 //! A replay is one store round trip and a decode; a fresh keyed step two (claim, record); a
@@ -100,9 +108,10 @@
 //!
 //! # Known limits
 //!
-//! - A step whose effect is in your own Postgres database does not yet record its result in
-//!   the effect's transaction: the record is a second write, so a crash between the two runs
-//!   a keyed step again (with its key) or reports an unkeyed one unknown.
+//! - On the memory and Redis stores (and the plain Postgres store) the result is a write after
+//!   the call: a crash between the two runs a keyed step again (with its key) or reports an
+//!   unkeyed one unknown. A tool whose effect is in Postgres closes that window on a
+//!   transactional store: see [`postgres`] (feature `postgres`).
 //! - There is no verify hook yet that asks the downstream whether an unknown call happened.
 
 mod call;
@@ -114,6 +123,9 @@ mod id;
 mod layer;
 mod metrics;
 mod output;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod record;
 mod service;
 

@@ -51,16 +51,36 @@ async fn a_replay_is_one_round_trip_a_keyed_step_two_an_unkeyed_one_four() {
         n
     };
     count(&redis);
-    let fresh = steps.ready().await.unwrap().call(step("keyed", OnUnknown::RunAgain));
+    let fresh = steps
+        .ready()
+        .await
+        .unwrap()
+        .call(step("keyed", OnUnknown::RunAgain));
     assert!(!fresh.await.unwrap().is_replayed());
     assert_eq!(count(&redis), 2, "a fresh keyed step: claim, record");
 
-    let again = steps.ready().await.unwrap().call(step("keyed", OnUnknown::RunAgain));
+    let again = steps
+        .ready()
+        .await
+        .unwrap()
+        .call(step("keyed", OnUnknown::RunAgain));
     assert!(again.await.unwrap().is_replayed());
-    assert_eq!(count(&redis), 1, "a replay: one claim that finds the record");
+    assert_eq!(
+        count(&redis),
+        1,
+        "a replay: one claim that finds the record"
+    );
 
-    let unkeyed = steps.ready().await.unwrap().call(step("unkeyed", OnUnknown::Refuse));
+    let unkeyed = steps
+        .ready()
+        .await
+        .unwrap()
+        .call(step("unkeyed", OnUnknown::Refuse));
     assert!(!unkeyed.await.unwrap().is_replayed());
-    assert_eq!(count(&redis), 4, "a fresh unkeyed step: claim, mark, record, unmark");
+    assert_eq!(
+        count(&redis),
+        4,
+        "a fresh unkeyed step: claim, mark, record, unmark"
+    );
     assert_eq!(calls.load(SeqCst), 4, "two warm-ups, two fresh steps");
 }

@@ -163,6 +163,14 @@ pub trait IdempotencyStore: Clone + Send + Sync + 'static {
     /// `Ok(false)` if the record is not in progress under `token`.
     fn extend(&self, key: StoreKey, token: ClaimToken, lease: Duration) -> Self::ExtendFuture;
 
+    /// Whether a claim is an open transaction rather than a written row (a
+    /// [`transactional`](postgres::PostgresStore::transactional) Postgres store): nothing of an
+    /// in-progress claim outlives its owner's process, so a mark that must survive a crash
+    /// cannot be a claim. `false` unless the store says otherwise.
+    fn claims_are_transactions(&self) -> bool {
+        false
+    }
+
     /// The writes this store finishes on tasks of its own (the Redis store sends a completion
     /// or release that failed again), so that `IdempotencyLayer::detached().wait()` at shutdown
     /// waits for them too. `None` (the default) for a store that spawns nothing.

@@ -55,6 +55,10 @@ pub(crate) fn completion_statement<'q>(
 impl IdempotencyStore for PostgresStore {
     const COMPLETES_IN_TRANSACTION: bool = true;
 
+    fn claims_are_transactions(&self) -> bool {
+        self.is_transactional()
+    }
+
     type ClaimFuture = StoreFuture<ClaimOutcome>;
     type CompleteFuture = StoreFuture<bool>;
     type ReleaseFuture = StoreFuture<bool>;
