@@ -4,11 +4,13 @@
 use crate::call::{OnUnknown, Step, StepRequest};
 use crate::codec::Codec;
 use crate::error::StepError;
-use crate::held::{Held, OnDrop};
+use crate::held::Held;
 use crate::layer::Settings;
 use crate::metrics::{self, Outcome};
 use crate::output::StepOutput;
 use crate::record::{self, Recorded};
+use crate::settle::{encode, record_result};
+use crate::verify::{Verified, Verify};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +23,7 @@ use tower_once_core::deadline::Deadline;
 use tower_once_core::unsent::Unsent;
 use tower_once_idempotency::store::Settled;
 use tower_once_idempotency::store::{
-    ClaimOutcome, ClaimToken, Completion, IdempotencyStore, RecordState, StoreError, StoredResponse,
+    ClaimOutcome, ClaimToken, IdempotencyStore, RecordState, StoreError, StoredResponse,
 };
 use tower_once_idempotency::{Claim, JobRecord};
 use tower_service::Service;
@@ -64,9 +66,9 @@ impl<T, E> fmt::Debug for ResponseFuture<T, E> {
 /// of the lease.
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
 
-pub(crate) fn run<S, St, C, K, Req>(
+pub(crate) fn run<S, St, C, K, V, Req>(
     inner: S,
-    settings: Arc<Settings<St, C, K>>,
+    settings: Arc<Settings<St, C, K, V>>,
     step: Step<Req>,
 ) -> impl Future<Output = Output<S::Response, S::Error>> + Send + 'static
 where
@@ -78,6 +80,7 @@ where
     St: IdempotencyStore,
     C: Codec<S::Response> + Send + Sync + 'static,
     K: Classify<S::Response, S::Error> + Send + Sync + 'static,
+    V: Verify<S::Response> + Send + Sync + 'static,
 {
     // Read now: a deadline in scope is the caller's, at the call.
     let deadline = Deadline::earliest(step.request.deadline(), Deadline::current());
@@ -108,9 +111,9 @@ where
     .instrument(span)
 }
 
-async fn steps<S, St, C, K, Req>(
+async fn steps<S, St, C, K, V, Req>(
     mut inner: S,
-    settings: &Settings<St, C, K>,
+    settings: &Settings<St, C, K, V>,
     step: Step<Req>,
     deadline: Option<Deadline>,
 ) -> Output<S::Response, S::Error>
@@ -121,6 +124,7 @@ where
     St: IdempotencyStore,
     C: Codec<S::Response>,
     K: Classify<S::Response, S::Error>,
+    V: Verify<S::Response>,
 {
     let policy = step.on_unknown_policy();
     let Step {
@@ -209,16 +213,35 @@ where
         match mark.await {
             Ok(ClaimOutcome::Claimed) => {
                 held.marker = Some(marker);
-                held.on_drop = Some(OnDrop::Unknown(sent_at));
             }
             Ok(ClaimOutcome::Existing(earlier)) => {
+                // An earlier attempt was sent and never recorded: ask the downstream.
                 let earlier = record::marker_sent_at(&earlier.fingerprint);
-                tracing::warn!(
-                    key = %id.idempotency_key(),
-                    "step: an earlier attempt was sent and never recorded; not sending it again"
-                );
-                held.settle_unknown(earlier).await;
-                return Err(StepError::unknown(id.idempotency_key(), earlier, None));
+                match settings.verify.verify(&id, earlier).await {
+                    Verified::Happened(value) => {
+                        let encoded = encode(&settings.codec, &value, settings.result_limit);
+                        let out = record_result(
+                            &mut held,
+                            encoded,
+                            settings.retention,
+                            value,
+                            StepOutput::verified,
+                        )
+                        .await;
+                        return Ok(out);
+                    }
+                    // Sent under the earlier attempt's mark, which stays: a crash now leaves
+                    // it, and the next owner asks again.
+                    Verified::NotHappened => {}
+                    Verified::Unknown => {
+                        tracing::warn!(
+                            key = %id.idempotency_key(),
+                            "step: an earlier attempt was sent and never recorded; not sending it again"
+                        );
+                        held.settle_unknown(earlier).await;
+                        return Err(StepError::unknown(id.idempotency_key(), earlier, None));
+                    }
+                }
             }
             Err(error) => {
                 held.release().await;
@@ -269,21 +292,7 @@ where
     let action = settings.classifier.classify(&result);
     match result {
         Ok(value) if action == Action::Success => {
-            let encoded = settings
-                .codec
-                .encode(&value)
-                .map_err(|e| e.to_string())
-                .and_then(|stored| {
-                    if stored.approximate_size() > settings.result_limit {
-                        Err(format!(
-                            "{} bytes, over the limit of {}",
-                            stored.approximate_size(),
-                            settings.result_limit
-                        ))
-                    } else {
-                        Ok(stored)
-                    }
-                });
+            let encoded = encode(&settings.codec, &value, settings.result_limit);
             let value = match in_transaction.as_ref() {
                 Some(written) => match settled_by_tool(written).await {
                     Some(settled) => match settled_step(&mut held, settled, value, waited).await {
@@ -294,36 +303,12 @@ where
                 },
                 None => value,
             };
-            let stored = match encoded {
-                Ok(stored) => stored,
-                Err(why) => {
-                    // The effect happened and cannot be kept: the step stays not done (an
-                    // unkeyed call's mark stays, so its next attempt reports it unknown).
-                    tracing::warn!(%why, "step: the result cannot be stored; the step is not done");
-                    held.marker = None;
-                    held.release().await;
-                    return Ok(StepOutput::not_recorded(value));
-                }
-            };
-            let completion = Completion::Response(record::done(stored));
-            let completed = store
-                .complete(key, token, completion, settings.retention)
-                .await;
-            held.on_drop = None;
-            match completed {
-                Ok(true) => {
-                    held.release_marker().await;
-                    Ok(StepOutput::called(value, waited))
-                }
-                Ok(false) => {
-                    tracing::warn!("step: its claim was lost before the result was stored (a lease too short?)");
-                    Ok(StepOutput::not_recorded(value))
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "step: the result could not be stored; the step is not done");
-                    Ok(StepOutput::not_recorded(value))
-                }
-            }
+            Ok(
+                record_result(&mut held, encoded, settings.retention, value, |value| {
+                    StepOutput::called(value, waited)
+                })
+                .await,
+            )
         }
         // An answer that is not a success (an upstream 409, 4xx, 5xx): the tool answered, the
         // step is not done, and nothing of it is kept.
@@ -340,14 +325,25 @@ where
             held.release().await;
             Err(StepError::inner(error))
         }
-        Err(error) => {
-            held.settle_unknown(sent_at).await;
-            Err(StepError::unknown(
-                id.idempotency_key(),
-                sent_at,
-                Some(error),
-            ))
-        }
+        Err(error) => match settings.verify.verify(&id, sent_at).await {
+            Verified::Happened(value) => {
+                let encoded = encode(&settings.codec, &value, settings.result_limit);
+                let made = StepOutput::verified;
+                Ok(record_result(&mut held, encoded, settings.retention, value, made).await)
+            }
+            Verified::NotHappened => {
+                held.release().await;
+                Err(StepError::inner(error))
+            }
+            Verified::Unknown => {
+                held.settle_unknown(sent_at).await;
+                Err(StepError::unknown(
+                    id.idempotency_key(),
+                    sent_at,
+                    Some(error),
+                ))
+            }
+        },
     }
 }
 
@@ -367,7 +363,7 @@ async fn settled_step<T, St: IdempotencyStore>(
 ) -> Result<StepOutput<T>, T> {
     match settled {
         Ok(Settled::Done) => {
-            held.on_drop = None;
+            held.armed = false;
             held.release_marker().await;
             Ok(StepOutput::called(value, waited))
         }
@@ -381,7 +377,7 @@ async fn settled_step<T, St: IdempotencyStore>(
         }
         Err(error) => {
             tracing::warn!(%error, "step: could not read whether the tool's transaction committed; the step is not done");
-            held.on_drop = None;
+            held.armed = false;
             Ok(StepOutput::not_recorded(value))
         }
     }

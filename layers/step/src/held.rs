@@ -14,13 +14,8 @@ pub(crate) struct Held<St: IdempotencyStore> {
     token: ClaimToken,
     retention: Duration,
     pub(crate) marker: Option<StoreKey>,
-    pub(crate) on_drop: Option<OnDrop>,
-}
-
-#[derive(Clone, Copy)]
-pub(crate) enum OnDrop {
-    Release,
-    Unknown(SystemTime),
+    /// Whether its drop releases the claim (the sent mark stays: the next owner settles it).
+    pub(crate) armed: bool,
 }
 
 impl<St: IdempotencyStore> Held<St> {
@@ -32,12 +27,24 @@ impl<St: IdempotencyStore> Held<St> {
             token,
             retention,
             marker: None,
-            on_drop: Some(OnDrop::Release),
+            armed: true,
         }
     }
+    /// Completes the step's record (nothing is left to do if dropped after).
+    pub(crate) async fn complete(
+        &mut self,
+        completion: Completion,
+        retention: Duration,
+    ) -> Result<bool, tower_once_idempotency::store::StoreError> {
+        self.armed = false;
+        self.store
+            .complete(self.key, self.token, completion, retention)
+            .await
+    }
+
     /// Frees the step (and its mark: the call was not sent, or was answered).
     pub(crate) async fn release(&mut self) {
-        self.on_drop = None;
+        self.armed = false;
         if let Err(error) = self.store.release(self.key, self.token).await {
             tracing::warn!(%error, "step: could not release its claim; it frees itself when its lease ends");
         }
@@ -54,7 +61,7 @@ impl<St: IdempotencyStore> Held<St> {
 
     /// Records the step's outcome as unknown, so every later attempt says so too.
     pub(crate) async fn settle_unknown(&mut self, sent_at: SystemTime) {
-        self.on_drop = None;
+        self.armed = false;
         let completion = Completion::Response(record::unknown(sent_at));
         let settled = self
             .store
@@ -67,24 +74,16 @@ impl<St: IdempotencyStore> Held<St> {
 
 impl<St: IdempotencyStore> Drop for Held<St> {
     fn drop(&mut self) {
-        let Some(action) = self.on_drop.take() else {
+        if !std::mem::take(&mut self.armed) {
             return;
-        };
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, key, token, retention) =
-            (self.store.clone(), self.key, self.token, self.retention);
+        let release = self.store.release(self.key, self.token);
         runtime.spawn(async move {
-            let done = match action {
-                OnDrop::Release => store.release(key, token).await,
-                OnDrop::Unknown(sent_at) => {
-                    let completion = Completion::Response(record::unknown(sent_at));
-                    store.complete(key, token, completion, retention).await
-                }
-            };
-            if let Err(error) = done {
-                tracing::warn!(%error, "step: could not settle a dropped step; its lease ends it");
+            if let Err(error) = release.await {
+                tracing::warn!(%error, "step: could not release a dropped step; its lease ends it");
             }
         });
     }

@@ -19,10 +19,11 @@ pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(60);
 pub const DEFAULT_RESULT_LIMIT: usize = 1024 * 1024;
 
 #[derive(Debug)]
-pub(crate) struct Settings<St, C, K> {
+pub(crate) struct Settings<St, C, K, V> {
     pub(crate) store: St,
     pub(crate) codec: C,
     pub(crate) classifier: K,
+    pub(crate) verify: V,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
     pub(crate) max_wait: Duration,
@@ -55,8 +56,8 @@ pub(crate) struct Settings<St, C, K> {
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct StepLayer<St, C = Json, K = RetryOnError> {
-    settings: Arc<Settings<St, C, K>>,
+pub struct StepLayer<St, C = Json, K = RetryOnError, V = ()> {
+    settings: Arc<Settings<St, C, K, V>>,
 }
 
 impl<St> StepLayer<St> {
@@ -68,6 +69,7 @@ impl<St> StepLayer<St> {
                 store,
                 codec: Json,
                 classifier: RetryOnError,
+                verify: (),
                 lease: DEFAULT_LEASE,
                 retention: DEFAULT_RETENTION,
                 max_wait: DEFAULT_MAX_WAIT,
@@ -78,15 +80,16 @@ impl<St> StepLayer<St> {
     }
 }
 
-impl<St: Clone, C: Clone, K: Clone> StepLayer<St, C, K> {
-    fn map<C2, K2>(
+impl<St: Clone, C: Clone, K: Clone, V: Clone> StepLayer<St, C, K, V> {
+    fn map<C2, K2, V2>(
         self,
-        f: impl FnOnce(Settings<St, C, K>) -> Settings<St, C2, K2>,
-    ) -> StepLayer<St, C2, K2> {
+        f: impl FnOnce(Settings<St, C, K, V>) -> Settings<St, C2, K2, V2>,
+    ) -> StepLayer<St, C2, K2, V2> {
         let settings = Arc::try_unwrap(self.settings).unwrap_or_else(|shared| Settings {
             store: shared.store.clone(),
             codec: shared.codec.clone(),
             classifier: shared.classifier.clone(),
+            verify: shared.verify.clone(),
             lease: shared.lease,
             retention: shared.retention,
             max_wait: shared.max_wait,
@@ -99,11 +102,12 @@ impl<St: Clone, C: Clone, K: Clone> StepLayer<St, C, K> {
     }
 
     /// How results are kept ([`Json`] by default; any [`Codec`](crate::Codec)).
-    pub fn codec<C2: Clone>(self, codec: C2) -> StepLayer<St, C2, K> {
+    pub fn codec<C2: Clone>(self, codec: C2) -> StepLayer<St, C2, K, V> {
         self.map(|s| Settings {
             store: s.store,
             codec,
             classifier: s.classifier,
+            verify: s.verify,
             lease: s.lease,
             retention: s.retention,
             max_wait: s.max_wait,
@@ -116,11 +120,29 @@ impl<St: Clone, C: Clone, K: Clone> StepLayer<St, C, K> {
     /// default takes every `Ok` as a success: for HTTP responses use
     /// [`HttpClassifier`](tower_once_core::classify::HttpClassifier), so that an upstream
     /// `409`, `429`, `4xx` or `5xx` is returned but never stored as the tool's result.
-    pub fn classify<K2: Clone>(self, classifier: K2) -> StepLayer<St, C, K2> {
+    pub fn classify<K2: Clone>(self, classifier: K2) -> StepLayer<St, C, K2, V> {
         self.map(|s| Settings {
             store: s.store,
             codec: s.codec,
             classifier,
+            verify: s.verify,
+            lease: s.lease,
+            retention: s.retention,
+            max_wait: s.max_wait,
+            result_limit: s.result_limit,
+            scoped: s.scoped,
+        })
+    }
+
+    /// Asks the downstream whether a call whose outcome is unknown happened, before the step
+    /// is recorded as unknown: see [`Verify`](crate::Verify). Only steps that may not be sent
+    /// twice ([`OnUnknown::Refuse`](crate::OnUnknown)) ask.
+    pub fn verify<V2: Clone>(self, verify: V2) -> StepLayer<St, C, K, V2> {
+        self.map(|s| Settings {
+            store: s.store,
+            codec: s.codec,
+            classifier: s.classifier,
+            verify,
             lease: s.lease,
             retention: s.retention,
             max_wait: s.max_wait,
@@ -180,8 +202,8 @@ impl<St: Clone, C: Clone, K: Clone> StepLayer<St, C, K> {
     }
 }
 
-impl<S, St, C, K> Layer<S> for StepLayer<St, C, K> {
-    type Service = Steps<S, St, C, K>;
+impl<S, St, C, K, V> Layer<S> for StepLayer<St, C, K, V> {
+    type Service = Steps<S, St, C, K, V>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Steps::new(inner, Arc::clone(&self.settings))

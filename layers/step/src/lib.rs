@@ -48,7 +48,7 @@
 //! | done, same arguments | nothing sent | the stored result, [`is_replayed`](StepOutput::is_replayed) |
 //! | done or in progress, other arguments | nothing sent | [`StepError::is_mismatch`] |
 //! | in progress elsewhere (task, process, replica) | waits (looks again, 10 ms doubling to a quarter of the lease) until it is done, its owner's lease ends, or the deadline | its result, [`waited`](StepOutput::waited); or [`StepError::is_in_progress`] at the deadline |
-//! | an earlier attempt sent, never recorded | by the step's [`OnUnknown`] policy: [`RunAgain`](OnUnknown::RunAgain) calls again; [`Refuse`](OnUnknown::Refuse) sends nothing and records the outcome as unknown | the result; or [`StepError::is_unknown`], with the key and when it was sent |
+//! | an earlier attempt sent, never recorded | by the step's [`OnUnknown`] policy: [`RunAgain`](OnUnknown::RunAgain) calls again; [`Refuse`](OnUnknown::Refuse) asks the [`verify`](StepLayer::verify) hook: happened → its result recorded, nothing sent; not happened → calls; cannot tell (and without a hook) → sends nothing, records the outcome as unknown | the result ([`is_verified`](StepOutput::is_verified)); or [`StepError::is_unknown`], with the key and when it was sent |
 //! | recorded as unknown | nothing sent | [`StepError::is_unknown`] again |
 //! | store unreachable | nothing sent | [`StepError::is_store`] |
 //!
@@ -60,8 +60,8 @@
 //! | an answer that is not a success (an upstream `409`, `429`, `4xx`, `5xx`) | none: released; the step is not done | the answer, [`is_recorded`](StepOutput::is_recorded) `false` |
 //! | an error that says it was never sent (a refused connection) | none: released | [`StepError::is_inner`] |
 //! | any other error (a timeout, a reset), policy `RunAgain` | none: released; the next attempt sends again, with the same key | [`StepError::is_inner`] |
-//! | any other error, policy `Refuse` | unknown, recorded | [`StepError::is_unknown`], the error inside |
-//! | the step's future dropped (a caller's timeout) | released, or unknown for `Refuse` (on a task of its own) | — |
+//! | any other error, policy `Refuse` | asks the `verify` hook as above; without one: unknown, recorded | the verified result, or [`StepError::is_unknown`] with the error inside |
+//! | the step's future dropped (a caller's timeout) | released, on a task of its own; an unkeyed call's sent mark stays, so the next attempt settles it as above | — |
 //! | the process killed | the claim ends with its lease; an unkeyed call's mark stays, so the next owner settles it unknown | — |
 //!
 //! # Unknown outcomes
@@ -72,8 +72,10 @@
 //! the step's policy becomes [`OnUnknown::RunAgain`]. Without a key, a request that is not
 //! idempotent gets [`OnUnknown::Refuse`]: before it is sent, the step writes a "sent" mark in
 //! the store (one more round trip), and any later attempt that finds the mark without a
-//! result records the step as unknown and never sends it. The caller decides: ask a person,
-//! look the effect up downstream with the key and time the error carries.
+//! result records the step as unknown and never sends it. A [`verify`](StepLayer::verify)
+//! hook can ask the downstream first (was the note with this run's text created?): what it
+//! finds is recorded as the step's result. Otherwise the caller decides: ask a person, or look
+//! the effect up downstream with the key and time the error carries.
 //!
 //! # Effects in Postgres
 //!
@@ -112,7 +114,6 @@
 //!   the call: a crash between the two runs a keyed step again (with its key) or reports an
 //!   unkeyed one unknown. A tool whose effect is in Postgres closes that window on a
 //!   transactional store: see [`postgres`] (feature `postgres`).
-//! - There is no verify hook yet that asks the downstream whether an unknown call happened.
 
 mod call;
 mod codec;
@@ -128,6 +129,8 @@ mod output;
 pub mod postgres;
 mod record;
 mod service;
+mod settle;
+mod verify;
 
 pub use self::call::{OnUnknown, Step, StepRequest};
 pub use self::codec::{Codec, Json};
@@ -139,3 +142,4 @@ pub use self::layer::{
 };
 pub use self::output::StepOutput;
 pub use self::service::Steps;
+pub use self::verify::{Verified, Verify};

@@ -11,6 +11,7 @@ pub struct StepOutput<T> {
 enum How {
     Called { waited: bool },
     Replayed { waited: bool },
+    Verified,
     NotRecorded,
 }
 
@@ -29,6 +30,13 @@ impl<T> StepOutput<T> {
         }
     }
 
+    pub(crate) fn verified(value: T) -> Self {
+        Self {
+            value,
+            how: How::Verified,
+        }
+    }
+
     pub(crate) fn not_recorded(value: T) -> Self {
         Self {
             value,
@@ -39,6 +47,13 @@ impl<T> StepOutput<T> {
     /// The stored result was returned; nothing was sent.
     pub fn is_replayed(&self) -> bool {
         matches!(self.how, How::Replayed { .. })
+    }
+
+    /// An earlier call's outcome was unknown, and the layer's
+    /// [`verify`](crate::StepLayer::verify) hook found that it happened: its result is
+    /// recorded, nothing sent.
+    pub fn is_verified(&self) -> bool {
+        matches!(self.how, How::Verified)
     }
 
     /// The step waited for another task, process or replica running it.

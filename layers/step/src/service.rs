@@ -6,6 +6,7 @@ use crate::error::StepError;
 use crate::future::{run, ResponseFuture};
 use crate::layer::Settings;
 use crate::output::StepOutput;
+use crate::verify::Verify;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,13 +17,13 @@ use tower_service::Service;
 
 /// The service of [`StepLayer`](crate::StepLayer): takes a [`Step`], returns a
 /// [`StepOutput`].
-pub struct Steps<S, St, C, K> {
+pub struct Steps<S, St, C, K, V> {
     inner: S,
-    settings: Arc<Settings<St, C, K>>,
+    settings: Arc<Settings<St, C, K, V>>,
 }
 
-impl<S, St, C, K> Steps<S, St, C, K> {
-    pub(crate) fn new(inner: S, settings: Arc<Settings<St, C, K>>) -> Self {
+impl<S, St, C, K, V> Steps<S, St, C, K, V> {
+    pub(crate) fn new(inner: S, settings: Arc<Settings<St, C, K, V>>) -> Self {
         Self { inner, settings }
     }
 
@@ -42,7 +43,7 @@ impl<S, St, C, K> Steps<S, St, C, K> {
     }
 }
 
-impl<S: Clone, St, C, K> Clone for Steps<S, St, C, K> {
+impl<S: Clone, St, C, K, V> Clone for Steps<S, St, C, K, V> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -51,8 +52,8 @@ impl<S: Clone, St, C, K> Clone for Steps<S, St, C, K> {
     }
 }
 
-impl<S: fmt::Debug, St: fmt::Debug, C: fmt::Debug, K: fmt::Debug> fmt::Debug
-    for Steps<S, St, C, K>
+impl<S: fmt::Debug, St: fmt::Debug, C: fmt::Debug, K: fmt::Debug, V: fmt::Debug> fmt::Debug
+    for Steps<S, St, C, K, V>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Steps")
@@ -62,7 +63,7 @@ impl<S: fmt::Debug, St: fmt::Debug, C: fmt::Debug, K: fmt::Debug> fmt::Debug
     }
 }
 
-impl<S, St, C, K, Req> Service<Step<Req>> for Steps<S, St, C, K>
+impl<S, St, C, K, V, Req> Service<Step<Req>> for Steps<S, St, C, K, V>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send,
@@ -72,6 +73,7 @@ where
     St: IdempotencyStore,
     C: Codec<S::Response> + Send + Sync + 'static,
     K: Classify<S::Response, S::Error> + Send + Sync + 'static,
+    V: Verify<S::Response> + Send + Sync + 'static,
 {
     type Response = StepOutput<S::Response>;
     type Error = StepError<S::Error>;

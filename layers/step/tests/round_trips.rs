@@ -34,7 +34,7 @@ async fn a_replay_is_one_round_trip_a_keyed_step_two_an_unkeyed_one_four() {
         async { Ok::<_, std::io::Error>(String::from("done")) }
     });
     let mut steps = StepLayer::new(store).layer(tool);
-    let mut step = |run: &str, policy| {
+    let step = |run: &str, policy| {
         Step::new(StepId::new(run, 1, "tool"), Call)
             .arguments("a")
             .on_unknown(policy)
@@ -45,7 +45,7 @@ async fn a_replay_is_one_round_trip_a_keyed_step_two_an_unkeyed_one_four() {
         steps.ready().await.unwrap().call(warm).await.unwrap();
     }
 
-    let mut count = |redis: &RedisServer| {
+    let count = |redis: &RedisServer| {
         let n = evalshas(redis);
         redis.cli(&["CONFIG", "RESETSTAT"]);
         n

@@ -1,0 +1,151 @@
+//! The verify hook (crate docs, "Unknown outcomes" and the table's rows for an earlier attempt
+//! sent and never recorded): a call that may not be sent twice and whose outcome is unknown is
+//! looked up downstream first. Found: its result is recorded and nothing is sent. Not found:
+//! the call is sent. Cannot tell: recorded unknown, never sent again. Paused time, memory store,
+//! effects counted.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tower::{Layer, ServiceExt};
+use tower_once_idempotency::store::MemoryStore;
+use tower_once_step::{Step, StepId, StepLayer, StepRequest, Verified};
+
+/// A note the downstream creates when the request arrives, before it answers.
+struct Note(&'static str);
+
+impl StepRequest for Note {}
+
+/// The notes service: creates the note at once, then answers after `delay` (so a caller
+/// with a shorter timeout never learns the outcome).
+#[derive(Clone, Default)]
+struct Notes {
+    created: Arc<Mutex<Vec<String>>>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Notes {
+    fn tool(
+        &self,
+        delay: Duration,
+    ) -> impl tower::Service<Note, Response = String, Error = std::io::Error, Future = impl Send>
+           + Clone
+           + Send {
+        let notes = self.clone();
+        tower::service_fn(move |Note(text)| {
+            let notes = notes.clone();
+            async move {
+                notes.calls.fetch_add(1, SeqCst);
+                notes.created.lock().unwrap().push(text.to_owned());
+                tokio::time::sleep(delay).await;
+                Ok::<_, std::io::Error>(format!("note: {text}"))
+            }
+        })
+    }
+
+    /// What a downstream lookup finds: the note with this text, if it was created.
+    fn find(&self, text: &str) -> Option<String> {
+        let created = self.created.lock().unwrap();
+        created
+            .iter()
+            .any(|n| n == text)
+            .then(|| format!("note: {text}"))
+    }
+}
+
+fn note(run: &str) -> Step<Note> {
+    Step::new(StepId::new(run, 3, "note"), Note("refunded")).arguments("refunded")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_timed_out_and_happened_is_recorded_from_the_lookup_and_never_sent_again() {
+    let notes = Notes::default();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let (finder, counted) = (notes.clone(), Arc::clone(&lookups));
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(move |_: &StepId, _: SystemTime| {
+            counted.fetch_add(1, SeqCst);
+            let found = finder.find("refunded");
+            async move { found.map_or(Verified::NotHappened, Verified::Happened) }
+        })
+        .layer(tower::timeout::Timeout::new(
+            notes.tool(Duration::from_secs(5)),
+            Duration::from_secs(1),
+        ));
+    let first = steps.clone().oneshot(note("run-1")).await.unwrap();
+    assert!(first.is_verified() && first.is_recorded(), "{first:?}");
+    assert_eq!(first.value(), "note: refunded");
+    let again = steps.oneshot(note("run-1")).await.unwrap();
+    assert!(again.is_replayed());
+    assert_eq!(notes.calls.load(SeqCst), 1, "sent once");
+    assert_eq!(lookups.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_timed_out_and_did_not_happen_is_sent_by_the_next_attempt() {
+    let notes = Notes::default();
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(|_: &StepId, _: SystemTime| async { Verified::<String>::NotHappened })
+        .layer(tower::timeout::Timeout::new(
+            notes.tool(Duration::from_secs(5)),
+            Duration::from_secs(1),
+        ));
+    let failed = steps.clone().oneshot(note("run-2")).await.unwrap_err();
+    assert!(
+        failed.is_inner(),
+        "the call failed and did not happen: {failed}"
+    );
+    assert_eq!(notes.calls.load(SeqCst), 1);
+    // Sent again: the lookup said the first one did not happen.
+    let _ = steps.oneshot(note("run-2")).await;
+    assert_eq!(notes.calls.load(SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_owners_call_is_looked_up_by_the_next_owner_before_anything_is_sent() {
+    let notes = Notes::default();
+    let finder = notes.clone();
+    let store = MemoryStore::new();
+    let lease = Duration::from_secs(2);
+    // The first owner is cut off while its call runs (its future dropped, as a killed
+    // process's would stop): the note was created, nothing was recorded.
+    let hanging = StepLayer::new(store.clone())
+        .lease(lease)
+        .layer(notes.tool(Duration::from_secs(3600)));
+    let cut = tokio::time::timeout(Duration::from_secs(1), hanging.oneshot(note("run-3"))).await;
+    assert!(cut.is_err(), "cut off mid-call");
+    assert_eq!(notes.calls.load(SeqCst), 1);
+
+    let steps = StepLayer::new(store)
+        .lease(lease)
+        .verify(move |_: &StepId, _: SystemTime| {
+            let found = finder.find("refunded");
+            async move { found.map_or(Verified::NotHappened, Verified::Happened) }
+        })
+        .layer(notes.tool(Duration::ZERO));
+    let settled = steps.clone().oneshot(note("run-3")).await.unwrap();
+    assert!(settled.is_verified(), "{settled:?}");
+    assert_eq!(notes.calls.load(SeqCst), 1, "never sent twice");
+    assert!(steps.oneshot(note("run-3")).await.unwrap().is_replayed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_hook_or_when_it_cannot_tell_the_outcome_is_recorded_unknown() {
+    let notes = Notes::default();
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(|_: &StepId, _: SystemTime| async { Verified::<String>::Unknown })
+        .layer(tower::timeout::Timeout::new(
+            notes.tool(Duration::from_secs(5)),
+            Duration::from_secs(1),
+        ));
+    let unknown = steps.clone().oneshot(note("run-4")).await.unwrap_err();
+    assert!(unknown.is_unknown(), "{unknown}");
+    assert!(unknown.sent_at().is_some());
+    assert_eq!(
+        unknown.idempotency_key(),
+        Some(StepId::new("run-4", 3, "note").idempotency_key().as_str())
+    );
+    let again = steps.oneshot(note("run-4")).await.unwrap_err();
+    assert!(again.is_unknown(), "recorded: {again}");
+    assert_eq!(notes.calls.load(SeqCst), 1, "never sent twice");
+}
