@@ -21,10 +21,10 @@ use tokio::time::Instant;
 use tower_once_core::classify::{Action, Classify};
 use tower_once_core::deadline::Deadline;
 use tower_once_core::unsent::Unsent;
-use tower_once_idempotency::store::Settled;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, IdempotencyStore, RecordState, StoreError, StoredResponse,
 };
+use tower_once_idempotency::store::{Lease, Settled};
 use tower_once_idempotency::{Claim, JobRecord};
 use tower_service::Service;
 use tracing::Instrument;
@@ -269,25 +269,16 @@ where
         None
     };
 
-    // Call, renewing the lease a third of it apart.
-    let renew_every = (settings.lease / 3).max(Duration::from_millis(1));
-    let call = inner.call(request);
-    tokio::pin!(call);
-    let mut renew_at = Instant::now() + renew_every;
-    let result = loop {
-        tokio::select! {
-            biased;
-            result = &mut call => break result,
-            () = tokio::time::sleep_until(renew_at) => {
-                renew_at = Instant::now() + renew_every;
-                match store.extend(key, token, settings.lease).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!("step: its claim was lost while the call ran (a lease too short?)"),
-                    Err(error) => tracing::warn!(%error, "step: could not renew its lease"),
-                }
-            }
-        }
-    };
+    // Call, renewing the lease a third of it apart (the same lease as the idempotency layer's
+    // handlers and the worker's jobs).
+    let mut lease = Lease::new(store.clone(), key, token, settings.lease);
+    let mut timer = std::pin::pin!(tokio::time::sleep(lease.interval()));
+    let mut call = std::pin::pin!(inner.call(request));
+    let result = std::future::poll_fn(|cx| {
+        lease.poll_renew(timer.as_mut(), cx);
+        call.as_mut().poll(cx)
+    })
+    .await;
 
     let action = settings.classifier.classify(&result);
     match result {
