@@ -1,12 +1,13 @@
 //! The facade's `metrics` feature (crate docs "Metrics": the names, types and labels of its
 //! table), checked with a recording backend across the idempotency, retry, timeout, breaker,
-//! fallback and hedging layers. One test in its own binary, as the recorder is process-global.
+//! fallback, hedging and step layers. One test in its own binary, as the recorder is process-global.
 #![cfg(all(
     feature = "metrics",
     feature = "retry",
     feature = "breaker",
     feature = "fallback",
-    feature = "hedge"
+    feature = "hedge",
+    feature = "step"
 ))]
 
 use bytes::Bytes;
@@ -146,6 +147,34 @@ async fn every_layer_reports_with_stable_names() {
     let hedge = tower_once::hedge::HedgeLayer::new(Duration::from_millis(10)).budget(empty);
     assert_eq!(hedge.layer(slow).oneshot(2).await.unwrap(), 2);
 
+    // Durable steps: one called, its replay, one with other arguments; one waits for another.
+    #[derive(Debug)]
+    struct Call;
+    impl tower_once::step::StepRequest for Call {}
+    let tool = tower::service_fn(|Call| async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok::<_, std::io::Error>(1u32)
+    });
+    let steps =
+        tower_once::step::StepLayer::new(tower_once::idempotency::store::MemoryStore::new())
+            .layer(tool);
+    let step = |args: &str| {
+        let id = tower_once::step::StepId::new("run-1", 1, "tool");
+        tower_once::step::Step::new(id, Call).arguments(args.to_owned())
+    };
+    let (first, waiting) = tokio::join!(steps.clone().oneshot(step("a")), async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        steps.clone().oneshot(step("a")).await
+    });
+    assert!(!first.unwrap().is_replayed());
+    assert!(waiting.unwrap().waited());
+    assert!(steps
+        .clone()
+        .oneshot(step("b"))
+        .await
+        .unwrap_err()
+        .is_mismatch());
+
     let rows = snapshot(&snapshotter);
     let expected: Vec<(String, u64)> = [
         ("tower_once_breaker_circuits{}", 1),
@@ -167,6 +196,10 @@ async fn every_layer_reports_with_stable_names() {
         ("tower_once_retry_give_ups_total{reason=exhausted}", 1),
         ("tower_once_retry_operations_total{}", 1),
         ("tower_once_retry_retries_total{}", 3),
+        ("tower_once_step_steps_total{outcome=called}", 1),
+        ("tower_once_step_steps_total{outcome=mismatch}", 1),
+        ("tower_once_step_steps_total{outcome=replayed}", 1),
+        ("tower_once_step_waits_total{}", 1),
         (
             "tower_once_timeout_timeouts_total{bound=limit,layer=timeout}",
             4,
