@@ -9,8 +9,9 @@ mod support;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{claim_as_another, get, no_arguments, post, record_key, refunds};
+use support::{claim_as_another, get, no_arguments, post, record_key, refunds, tool};
 use tower::{Layer, ServiceExt};
 use tower_once_core::unsent::Unsent;
 use tower_once_idempotency::store::{
@@ -193,4 +194,37 @@ async fn a_record_under_the_steps_key_that_is_not_a_steps_sends_nothing() {
         again,
         tower_once_idempotency::store::ClaimOutcome::Existing(_)
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_scopes_never_send_the_same_idempotency_key() {
+    // `StepLayer::scoped`: "Steps of two scopes never share a record"; `Step::keyed`: the key
+    // makes "a second send ... answered by the first one's effect". Two tenants whose runs are
+    // numbered alike ("run-1" each) are two steps; with one key, a downstream that dedupes by
+    // key (one payments account for the platform) answers tenant B's refund with tenant A's.
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&keys);
+    let (calls, refunds) = tool(move |req: http::Request<String>, call| {
+        seen.lock().unwrap().push(
+            req.headers()
+                .get("idempotency-key")
+                .map(|v| v.to_str().unwrap().to_owned()),
+        );
+        async move { Ok::<_, std::io::Error>(support::Refund { status: 201, call }) }
+    });
+    let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    for tenant in ["tenant-a", "tenant-b"] {
+        // The scope first, then the key (so the step could know its scope when keyed).
+        let step = Step::new(id.clone(), post("40")).scope(tenant).keyed();
+        let out = steps.clone().oneshot(step).await.unwrap();
+        assert!(!out.is_replayed());
+    }
+    assert_eq!(calls.load(SeqCst), 2);
+    let keys = keys.lock().unwrap();
+    assert!(keys.iter().all(Option::is_some));
+    assert_ne!(
+        keys[0], keys[1],
+        "two tenants' refunds carried one Idempotency-Key"
+    );
 }
