@@ -15,6 +15,43 @@ use tower_once_idempotency::store::MemoryStore;
 use tower_once_step::{Step, StepId, StepLayer};
 
 #[tokio::test(start_paused = true)]
+async fn a_done_unkeyed_step_is_never_sent_again_when_the_memory_store_fills_up() {
+    // A refund done, then other steps of other runs (each keeps a record for 7 days). When
+    // the store is full the refund's record is evicted, and a retry of that step (a run
+    // resumed later, in the same process) sends the unkeyed POST a second time.
+    let store = MemoryStore::builder().max_entries(8).build();
+    let (calls, tool_) = refunds();
+    let steps = StepLayer::new(store.clone()).layer(tool_);
+    let refund = StepId::new("run-1", 2, "refund");
+    steps
+        .clone()
+        .oneshot(Step::new(refund.clone(), post("40")))
+        .await
+        .unwrap();
+
+    let (_, lookups) = refunds();
+    let others = StepLayer::new(store).layer(lookups);
+    for run in 0..8 {
+        tokio::time::advance(Duration::from_secs(60)).await;
+        others
+            .clone()
+            .oneshot(Step::new(
+                StepId::new(format!("run-{run}"), 1, "lookup"),
+                get(),
+            ))
+            .await
+            .unwrap();
+    }
+
+    let again = steps.oneshot(Step::new(refund, post("40"))).await;
+    assert_eq!(
+        calls.load(SeqCst),
+        1,
+        "the refund was sent twice within its retention: {again:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_unknown_step_stays_unknown_when_the_memory_store_fills_up() {
     // Its "sent" mark is a claim in progress, which the store never evicts.
     let store = MemoryStore::builder().max_entries(8).build();
