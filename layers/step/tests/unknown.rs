@@ -379,3 +379,32 @@ async fn an_unknown_step_stays_unknown_for_every_process_sharing_the_store() {
     }
     assert_eq!(calls.load(SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_call_left_unknown_is_not_sent_again_by_a_keyed_attempt() {
+    // Crate docs, "Compared with ...": "a crash between the effect and the record | ...
+    // unkeyed: reported unknown, never sent twice". A deploy adds `.keyed()` to the tool while
+    // a run is in flight: the new attempt's key cannot match the first send, which carried
+    // none, so sending it again repeats the refund. The "sent" mark is in the store to say so.
+    let (calls, keys, refunds) = first_call_hangs();
+    let steps = StepLayer::new(MemoryStore::new())
+        .lease(LEASE)
+        .layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    kill_after(
+        steps.clone().oneshot(Step::new(id.clone(), post("40"))),
+        Duration::from_millis(10),
+    )
+    .await;
+
+    let after_deploy = steps
+        .oneshot(Step::new(id.clone(), post("40")).keyed())
+        .await;
+    assert_eq!(
+        calls.load(SeqCst),
+        1,
+        "sent again (keys {:?}): {after_deploy:?}",
+        keys.lock().unwrap()
+    );
+    assert!(after_deploy.unwrap_err().is_unknown());
+}
