@@ -10,7 +10,7 @@ mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
-use support::{hanging_refunds, post, settle, tool, Refund};
+use support::{hanging_refunds, post, settle, tool, Late, Refund, SlowReplies};
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_step::{Step, StepId, StepLayer};
@@ -172,6 +172,42 @@ async fn a_waiter_dropped_while_waiting_sends_nothing_and_leaves_the_owner_alone
     );
     let again = steps.oneshot(Step::new(id, post("40"))).await.unwrap();
     assert!(again.is_replayed());
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_while_its_claim_is_on_the_way_is_released() {
+    // The claim lands in the store, the caller's timeout drops the step before the reply comes
+    // back: nothing was sent, and the step must be free for the next attempt (not held for a
+    // whole lease by a claim nobody owns any more).
+    let store = SlowReplies::new(Duration::from_millis(50));
+    let (calls, refunds) = support::refunds();
+    let steps = StepLayer::new(store.clone()).layer(refunds); // lease 10 s
+    let id = StepId::new("run-1", 2, "refund");
+
+    store.late(Late::RecordClaims);
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(20),
+        steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")).keyed()),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    assert!(store.landed.load(SeqCst), "the claim took effect");
+    assert_eq!(calls.load(SeqCst), 0, "nothing was sent");
+    store.late(Late::Nothing);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(100)).await; // the late reply has come and gone
+
+    let out = steps
+        .oneshot(Step::new(id, post("40")).keyed())
+        .await
+        .unwrap();
+    assert!(
+        !out.waited(),
+        "the next attempt waited out the lease of a claim its dropped predecessor left behind"
+    );
     assert_eq!(calls.load(SeqCst), 1);
 }
 

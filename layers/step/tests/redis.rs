@@ -193,6 +193,50 @@ async fn with_redis_down_a_step_fails_closed_and_sends_nothing() {
 }
 
 #[tokio::test]
+async fn a_step_dropped_while_redis_is_slow_to_claim_it_is_released() {
+    // Redis stalls (SIGSTOP) with the step's claim in its socket; the caller's timeout drops
+    // the step; Redis wakes and runs the claim. Nothing was sent, and the step must be free
+    // for the next attempt, not held for a lease by a claim nobody owns.
+    let server = RedisServer::start();
+    let id = StepId::new("run-1", 2, "refund");
+    let lease = Duration::from_secs(3);
+    let (calls, refunds) = refunds();
+    let steps = StepLayer::new(connect(&server).await)
+        .lease(lease)
+        .layer(refunds);
+    // Warm the script cache, so the claim is one command.
+    steps
+        .clone()
+        .oneshot(Step::new(StepId::new("warm", 0, "up"), post("0")).keyed())
+        .await
+        .unwrap();
+    calls.store(0, SeqCst);
+
+    server.signal("-STOP");
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(200),
+        steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")).keyed()),
+    )
+    .await;
+    server.signal("-CONT");
+    assert!(timed_out.is_err());
+    tokio::time::sleep(Duration::from_millis(200)).await; // the claim runs, the reply is dropped
+    assert_eq!(calls.load(SeqCst), 0);
+
+    let out = steps
+        .oneshot(Step::new(id, post("40")).keyed())
+        .await
+        .unwrap();
+    assert!(
+        !out.waited(),
+        "the next attempt waited out the lease of the dropped step's claim"
+    );
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[tokio::test]
 async fn a_result_kept_in_redis_round_trips_through_json() {
     let server = RedisServer::start();
     let (calls, big) = tool(|_: http::Request<String>, call| async move {
