@@ -205,6 +205,36 @@ async fn a_waiter_with_a_deadline_in_scope_gives_up_at_the_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deadline_in_scope_bounds_the_wait_of_a_step_behind_a_buffer() {
+    // `Deadline` docs: "a deadline in scope while the caller polls also reaches layers behind a
+    // Buffer (whose worker hands the inner future back to the caller)"; `StepLayer::max_wait`
+    // applies only "when its request carries no deadline and none is in scope".
+    let (calls, lookups) = hanging_refunds();
+    let steps = StepLayer::new(MemoryStore::new()).layer(lookups);
+    let id = StepId::new("run-1", 2, "lookup");
+    let owner = tokio::spawn(steps.clone().oneshot(Step::new(id.clone(), Lookup("A7"))));
+    tokio::task::yield_now().await;
+
+    let buffered = tower::buffer::Buffer::new(steps, 8);
+    let deadline = Deadline::after(Duration::from_secs(2));
+    let err = deadline
+        .in_scope(buffered.oneshot(Step::new(id, Lookup("A7"))))
+        .await
+        .unwrap_err();
+    let err = err
+        .downcast::<tower_once_step::StepError<std::io::Error>>()
+        .unwrap();
+    assert!(err.is_in_progress(), "{err:?}");
+    assert!(
+        Instant::now() <= deadline.instant(),
+        "gave up {:?} after the deadline (the default max_wait is 60 s)",
+        Instant::now() - deadline.instant()
+    );
+    assert_eq!(calls.load(SeqCst), 1);
+    owner.abort();
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_a_deadline_a_waiter_gives_up_after_max_wait() {
     let (calls, refunds) = hanging_refunds();
     let steps = StepLayer::new(MemoryStore::new())
