@@ -158,6 +158,36 @@ async fn two_scopes_never_share_a_record() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_scoped_layer_refuses_an_empty_scope() {
+    // An empty scope is no tenant's: with it, a scoped layer's step shares the record of every
+    // unscoped step (the sibling idempotency layer treats an empty scope as missing, "so the
+    // shared scope ... is never a tenant's own").
+    let store = MemoryStore::new();
+    let id = StepId::new("run-1", 2, "refund");
+    let (_, unscoped_tool) = refunds();
+    StepLayer::new(store.clone())
+        .layer(unscoped_tool)
+        .oneshot(Step::new(id.clone(), post("40")).keyed())
+        .await
+        .unwrap();
+
+    let (calls, scoped_tool) = refunds();
+    let out = StepLayer::new(store)
+        .scoped()
+        .layer(scoped_tool)
+        .oneshot(Step::new(id, post("40")).keyed().scope(""))
+        .await;
+    match out {
+        Err(err) => assert!(err.is_missing_scope(), "{err:?}"),
+        Ok(out) => panic!(
+            "an empty scope was taken as a scope (replayed another layer's unscoped step: {})",
+            out.is_replayed()
+        ),
+    }
+    assert_eq!(calls.load(SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_record_under_the_steps_key_that_is_not_a_steps_sends_nothing() {
     // Another layer's record (or a corrupted one) under the step's key: a codec error, never
     // a call.
