@@ -212,6 +212,38 @@ async fn a_step_dropped_while_its_claim_is_on_the_way_is_released() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_unkeyed_step_dropped_before_it_was_sent_is_not_reported_sent() {
+    // The "sent" mark lands, the caller's timeout drops the step before the mark's reply comes
+    // back: the tool was never called, yet `is_unknown` says "an attempt of this step was sent
+    // and its outcome never recorded", with a `sent_at`, for the whole retention (7 days).
+    let store = SlowReplies::new(Duration::from_millis(50));
+    let (calls, refunds) = support::refunds();
+    let steps = StepLayer::new(store.clone()).layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+
+    store.late(Late::MarkClaims);
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(20),
+        steps.clone().oneshot(Step::new(id.clone(), post("40"))),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    assert!(store.landed.load(SeqCst), "the mark took effect");
+    assert_eq!(calls.load(SeqCst), 0, "nothing was sent");
+    store.late(Late::Nothing);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let out = steps.oneshot(Step::new(id, post("40"))).await;
+    assert!(
+        out.is_ok(),
+        "a step never sent is reported as sent and unknown: {:?}",
+        out.unwrap_err()
+    );
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_step_dropped_before_its_first_poll_claims_nothing() {
     let store = MemoryStore::new();
     let (calls, refunds) = hanging_refunds();
