@@ -334,3 +334,33 @@ async fn a_record_past_its_retention_runs_again() {
     assert!(!out.is_replayed(), "retention passed: the step runs again");
     assert_eq!(calls.load(SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_done_step_whose_result_holds_a_non_finite_float_replays_it() {
+    // "done, same arguments | nothing sent | the stored result": the default codec is JSON,
+    // which writes an infinite or NaN `f64` as `null` and then cannot read it back as an
+    // `f64`. A score or ratio that divided by zero makes the done step unreadable forever.
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Score {
+        ratio: f64,
+    }
+    let (calls, scorer) = tool(|_: Lookup, _| async move {
+        Ok::<_, std::io::Error>(Score {
+            ratio: f64::INFINITY,
+        })
+    });
+    let steps = StepLayer::new(MemoryStore::new()).layer(scorer);
+    let id = StepId::new("run-1", 2, "score");
+    let first = steps
+        .clone()
+        .oneshot(Step::new(id.clone(), Lookup("A7")))
+        .await
+        .unwrap();
+    assert!(first.is_recorded(), "the step says its result was recorded");
+    let again = steps.oneshot(Step::new(id, Lookup("A7"))).await;
+    assert_eq!(calls.load(SeqCst), 1);
+    match again {
+        Ok(out) => assert_eq!(out.value(), first.value()),
+        Err(err) => panic!("a recorded result could not be replayed: {err}"),
+    }
+}
