@@ -381,6 +381,28 @@ async fn an_unknown_step_stays_unknown_for_every_process_sharing_the_store() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn every_attempt_reports_the_same_sent_at_for_an_unknown_call() {
+    // `OnUnknown::Refuse`: "recorded so every later attempt gets the same answer";
+    // `StepError::sent_at`: "by the process that sent it, to the millisecond". The attempt
+    // that saw the timeout and every later one name one instant, so a caller can use it (with
+    // the key) to look the call up downstream, or to tell two unknown calls apart.
+    let (calls, refunds) = tool(|_: http::Request<String>, _| async move {
+        Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    });
+    let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let first = steps
+        .clone()
+        .oneshot(Step::new(id.clone(), post("40")))
+        .await
+        .unwrap_err();
+    let later = steps.oneshot(Step::new(id, post("40"))).await.unwrap_err();
+    assert!(first.is_unknown() && later.is_unknown());
+    assert_eq!(first.sent_at(), later.sent_at());
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_unkeyed_call_left_unknown_is_not_sent_again_by_a_keyed_attempt() {
     // Crate docs, "Compared with ...": "a crash between the effect and the record | ...
     // unkeyed: reported unknown, never sent twice". A deploy adds `.keyed()` to the tool while
