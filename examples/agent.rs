@@ -176,11 +176,14 @@ impl<B, E> Classify<http::Response<B>, E> for KeyInUse {
     }
 }
 
-/// A 2xx is the tool's result, stored; anything else is returned and never stored.
+/// A 2xx is the tool's result, stored; anything else is returned and never stored. A 5xx or
+/// a 429 may have had its effect (a note sent through a failing gateway): never sent again.
 fn succeeded(outcome: &Result<ToolResult, BoxError>) -> Action {
     match outcome {
         Ok(result) if (200..300).contains(&result.status) => Action::Success,
-        _ => Action::Stop,
+        Ok(result) if result.status >= 500 || result.status == 429 => Action::Retry { after: None },
+        Ok(_) => Action::Stop,
+        Err(_) => Action::Retry { after: None },
     }
 }
 

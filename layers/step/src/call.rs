@@ -33,6 +33,11 @@ pub trait StepRequest {
         false
     }
 
+    /// Whether it can carry a key downstream ([`carry_key`](Self::carry_key)).
+    fn can_carry_key(&self) -> bool {
+        false
+    }
+
     /// Carries `key` downstream (as `Idempotency-Key` for HTTP), replacing none already there.
     /// Returns whether the request now carries a key.
     fn carry_key(&mut self, key: &str) -> bool {
@@ -42,6 +47,12 @@ pub trait StepRequest {
 
     /// The deadline the request carries, if any: waiting for the step elsewhere stops there.
     fn deadline(&self) -> Option<Deadline> {
+        None
+    }
+
+    /// The extensions that travel with the request, if it has any (a deadline attached with
+    /// [`Deadline::call`] on the step lands there).
+    fn extensions(&self) -> Option<&http::Extensions> {
         None
     }
 
@@ -56,6 +67,10 @@ pub trait StepRequest {
 impl<B> StepRequest for http::Request<B> {
     fn may_send_twice(&self) -> bool {
         tower_once_core::resend::may_resend(self)
+    }
+
+    fn can_carry_key(&self) -> bool {
+        true
     }
 
     fn carry_key(&mut self, key: &str) -> bool {
@@ -79,6 +94,10 @@ impl<B> StepRequest for http::Request<B> {
         Deadline::of(self)
     }
 
+    fn extensions(&self) -> Option<&http::Extensions> {
+        Some(http::Request::extensions(self))
+    }
+
     fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
         Some(http::Request::extensions_mut(self))
     }
@@ -96,7 +115,7 @@ impl<B> StepRequest for http::Request<B> {
 /// let step = Step::new(StepId::new("run-3", 2, "refund"), request)
 ///     .arguments(body.to_string())
 ///     .keyed(); // Idempotency-Key: step-…, the same after a restart: safe to send again
-/// assert!(step.request().headers().contains_key("idempotency-key"));
+/// assert_eq!(step.idempotency_key(), StepId::new("run-3", 2, "refund").idempotency_key());
 /// assert_eq!(step.on_unknown_policy(), OnUnknown::RunAgain);
 /// ```
 #[derive(Debug, Clone)]
@@ -106,6 +125,7 @@ pub struct Step<Req> {
     pub(crate) arguments: Fingerprint,
     pub(crate) on_unknown: Option<OnUnknown>,
     pub(crate) scope: Option<Vec<u8>>,
+    pub(crate) keyed: bool,
 }
 
 impl<Req> Step<Req> {
@@ -117,6 +137,7 @@ impl<Req> Step<Req> {
             arguments: Fingerprint::from_bytes([0; 32]),
             on_unknown: None,
             scope: None,
+            keyed: false,
         }
     }
 
@@ -140,8 +161,9 @@ impl<Req> Step<Req> {
     }
 
     /// What to do when an earlier attempt's outcome is unknown. Without it: run again when the
-    /// request may be sent twice ([`StepRequest::may_send_twice`]: idempotent, or keyed),
-    /// refuse otherwise.
+    /// step is [`keyed`](Self::keyed) or its request may be sent twice
+    /// ([`StepRequest::may_send_twice`]: idempotent, or carrying a key of its own), refuse
+    /// otherwise.
     pub fn on_unknown(mut self, policy: OnUnknown) -> Self {
         self.on_unknown = Some(policy);
         self
@@ -171,24 +193,61 @@ impl<Req> Step<Req> {
 }
 
 impl<Req: StepRequest> Step<Req> {
-    /// Carries the step's key downstream ([`StepId::idempotency_key`], as `Idempotency-Key`
-    /// for HTTP), so a second send is answered by the first one's effect, and makes the policy
-    /// [`OnUnknown::RunAgain`]. A request type that cannot carry a key keeps its policy.
+    /// Carries the step's key downstream ([`idempotency_key`](Self::idempotency_key), as
+    /// `Idempotency-Key` for HTTP, stamped when the step is called), so a second send is
+    /// answered by the first one's effect, and makes the policy [`OnUnknown::RunAgain`]. A
+    /// request that already carries a key keeps it; a request type that cannot carry one keeps
+    /// the policy its request implies.
     pub fn keyed(mut self) -> Self {
-        let key = self.id.idempotency_key();
-        if self.request.carry_key(&key) {
-            self.on_unknown = Some(OnUnknown::RunAgain);
-        }
+        self.keyed = true;
         self
     }
 
-    /// The policy this step follows (set, or derived from the request).
+    /// The key the step carries downstream when [`keyed`](Self::keyed): derived from the step
+    /// id and its scope ([`StepId::idempotency_key`] when it has none), so two tenants' steps
+    /// named alike never share one.
+    pub fn idempotency_key(&self) -> String {
+        match self.scope.as_deref() {
+            None | Some([]) => self.id.idempotency_key(),
+            Some(scope) => self.id.scoped_idempotency_key(scope),
+        }
+    }
+
+    /// The policy this step follows: set with [`on_unknown`](Self::on_unknown), or
+    /// [`OnUnknown::RunAgain`] when it is keyed (and its request can carry a key) or its
+    /// request may be sent twice, [`OnUnknown::Refuse`] otherwise.
     pub fn on_unknown_policy(&self) -> OnUnknown {
-        self.on_unknown.unwrap_or(if self.request.may_send_twice() {
-            OnUnknown::RunAgain
-        } else {
-            OnUnknown::Refuse
-        })
+        let keyed = self.keyed && self.request.can_carry_key();
+        self.on_unknown
+            .unwrap_or(if keyed || self.request.may_send_twice() {
+                OnUnknown::RunAgain
+            } else {
+                OnUnknown::Refuse
+            })
+    }
+
+    /// Stamps the key (when keyed) and says the policy this call follows.
+    pub(crate) fn prepare(&mut self) -> OnUnknown {
+        let carried = self.keyed && self.request.can_carry_key() && {
+            let key = self.idempotency_key();
+            self.request.carry_key(&key)
+        };
+        self.on_unknown
+            .unwrap_or(if carried || self.request.may_send_twice() {
+                OnUnknown::RunAgain
+            } else {
+                OnUnknown::Refuse
+            })
+    }
+}
+
+impl<Req: StepRequest> tower_once_core::carrier::Carrier for Step<Req> {
+    fn extensions(&self) -> Option<&http::Extensions> {
+        self.request.extensions()
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        self.request.extensions_mut()
     }
 }
 

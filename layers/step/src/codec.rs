@@ -15,7 +15,9 @@ pub trait Codec<T> {
     fn decode(&self, record: &StoredResponse) -> Result<T, BoxError>;
 }
 
-/// Results kept as JSON (`serde_json`): any `Serialize + DeserializeOwned` type.
+/// Results kept as JSON (`serde_json`): any `Serialize + DeserializeOwned` type. A value whose
+/// JSON does not read back (a NaN or infinite float, written as `null`) is refused, so the
+/// step is not recorded rather than recorded unreadable.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Json;
 
@@ -25,6 +27,10 @@ where
 {
     fn encode(&self, value: &T) -> Result<StoredResponse, BoxError> {
         let body = serde_json::to_vec(value)?;
+        // JSON writes what it cannot read back (a NaN or an infinite float becomes `null`): a
+        // result that would not replay is not a result to store.
+        serde_json::from_slice::<T>(&body)
+            .map_err(|e| format!("the result does not read back from its JSON: {e}"))?;
         let mut headers = HeaderMap::with_capacity(1);
         headers.insert(
             http::header::CONTENT_TYPE,

@@ -100,8 +100,9 @@ impl<E> StepError<E> {
         matches!(self.kind, Kind::Inner(_))
     }
 
-    /// An attempt of this step was sent and its outcome never recorded (a timeout, a killed
-    /// process), and the step's policy is [`OnUnknown::Refuse`](crate::OnUnknown::Refuse):
+    /// An attempt of this step may have been sent and its outcome was never recorded (a
+    /// timeout, a gateway's `5xx`, a killed process: the sent mark is written just before the
+    /// call), and the step's policy is [`OnUnknown::Refuse`](crate::OnUnknown::Refuse):
     /// the call is not sent again. The outcome is recorded as unknown, so every later attempt
     /// gets this error too. [`idempotency_key`](Self::idempotency_key) and
     /// [`sent_at`](Self::sent_at) say which call to look for downstream.

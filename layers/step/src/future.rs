@@ -8,8 +8,9 @@ use crate::held::Held;
 use crate::layer::Settings;
 use crate::metrics::{self, Outcome};
 use crate::output::StepOutput;
-use crate::record::{self, Recorded};
-use crate::settle::{encode, record_result};
+use crate::pending::Pending;
+use crate::record;
+use crate::settle::{encode, record_result, replay, settled_by_tool, settled_step};
 use crate::verify::{Verified, Verify};
 use std::fmt;
 use std::future::Future;
@@ -21,15 +22,15 @@ use tokio::time::Instant;
 use tower_once_core::classify::{Action, Classify};
 use tower_once_core::deadline::Deadline;
 use tower_once_core::unsent::Unsent;
+use tower_once_idempotency::store::Lease;
 use tower_once_idempotency::store::{
-    ClaimOutcome, ClaimToken, IdempotencyStore, RecordState, StoreError, StoredResponse,
+    ClaimOutcome, ClaimToken, IdempotencyStore, RecordState, StoreError,
 };
-use tower_once_idempotency::store::{Lease, Settled};
 use tower_once_idempotency::{Claim, JobRecord};
 use tower_service::Service;
 use tracing::Instrument;
 
-type Output<T, E> = Result<StepOutput<T>, StepError<E>>;
+pub(crate) type Output<T, E> = Result<StepOutput<T>, StepError<E>>;
 
 /// The future of [`Steps`](crate::Steps).
 ///
@@ -82,7 +83,8 @@ where
     K: Classify<S::Response, S::Error> + Send + Sync + 'static,
     V: Verify<S::Response> + Send + Sync + 'static,
 {
-    // Read now: a deadline in scope is the caller's, at the call.
+    // A deadline in scope at the call, or carried by the request (`Deadline::call` on the
+    // step attaches it there)...
     let deadline = Deadline::earliest(step.request.deadline(), Deadline::current());
     let span = tracing::info_span!(
         "step",
@@ -94,6 +96,8 @@ where
     );
     let outcome_span = span.clone();
     async move {
+        // ... or in scope where the step's future is polled (behind a `Buffer`, the caller's).
+        let deadline = Deadline::earliest(deadline, Deadline::current());
         let result = steps(inner, &settings, step, deadline).await;
         let outcome = match &result {
             Ok(out) if out.is_replayed() => Outcome::Replayed,
@@ -126,7 +130,8 @@ where
     K: Classify<S::Response, S::Error>,
     V: Verify<S::Response>,
 {
-    let policy = step.on_unknown_policy();
+    let mut step = step;
+    let policy = step.prepare();
     let Step {
         id,
         mut request,
@@ -135,9 +140,10 @@ where
         ..
     } = step;
     let scope = match (scope, settings.scoped) {
-        (Some(scope), _) => scope,
-        (None, true) => return Err(StepError::missing_scope()),
-        (None, false) => Vec::new(),
+        (Some(scope), _) if !scope.is_empty() => scope,
+        // An empty scope is every unscoped step's: not a tenant's.
+        (_, true) => return Err(StepError::missing_scope()),
+        (_, false) => Vec::new(),
     };
     if !id.is_valid() {
         return Err(StepError::invalid());
@@ -159,7 +165,12 @@ where
     let mut pause = FIRST_PAUSE;
     let mut waited = false;
     loop {
-        let claim = store.claim(key, token, arguments, settings.lease);
+        let claim = Pending::claim(
+            store,
+            key,
+            token,
+            store.claim(key, token, arguments, settings.lease),
+        );
         let outcome = match tokio::time::timeout_at(wait_until, claim).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(error)) => return Err(StepError::store(error)),
@@ -201,7 +212,7 @@ where
 
     // A call that may not be sent twice is marked sent before it is: a process that dies
     // after sending leaves the mark, and the step's next owner settles it as unknown.
-    let sent_at = SystemTime::now();
+    let sent_at = record::to_millis(SystemTime::now());
     if policy == OnUnknown::Refuse {
         let marker = id.marker_key(&scope);
         let mark = store.claim(
@@ -210,7 +221,7 @@ where
             record::sent_marker(sent_at),
             settings.retention,
         );
-        match mark.await {
+        match Pending::claim(store, marker, token, mark).await {
             Ok(ClaimOutcome::Claimed) => {
                 held.marker = Some(marker);
             }
@@ -301,12 +312,30 @@ where
                 .await,
             )
         }
-        // An answer that is not a success (an upstream 409, 4xx, 5xx): the tool answered, the
-        // step is not done, and nothing of it is kept.
-        Ok(value) => {
+        // A refusal (a 4xx: `Action::Stop`), or any failed answer of a call that may be sent
+        // again: the step is not done, and nothing of it is kept.
+        Ok(value) if action == Action::Stop || policy == OnUnknown::RunAgain => {
             held.release().await;
             Ok(StepOutput::not_recorded(value))
         }
+        // A failure that may have had its effect (a 5xx from a gateway, a timeout answered by
+        // a proxy) on a call that may not be sent twice: as unknown as a timeout.
+        Ok(value) => match settings.verify.verify(&id, sent_at).await {
+            Verified::Happened(found) => {
+                let encoded = encode(&settings.codec, &found, settings.result_limit);
+                let made = StepOutput::verified;
+                Ok(record_result(&mut held, encoded, settings.retention, found, made).await)
+            }
+            Verified::NotHappened => {
+                held.release().await;
+                Ok(StepOutput::not_recorded(value))
+            }
+            Verified::Unknown => {
+                tracing::warn!(key = %id.idempotency_key(), "step: the call failed in a way that may have had its effect; not sending it again");
+                held.settle_unknown(sent_at).await;
+                Err(StepError::unknown(id.idempotency_key(), sent_at, None))
+            }
+        },
         // Unsent, or safe to send again, or its effect rolled back with the step's transaction.
         Err(error)
             if error.is_unsent()
@@ -335,61 +364,5 @@ where
                 ))
             }
         },
-    }
-}
-
-/// What became of the result a tool committed in its own transaction, if it wrote one.
-async fn settled_by_tool(written: &JobRecord) -> Option<Result<Settled, StoreError>> {
-    Some(written.check()?.await)
-}
-
-/// A step whose tool wrote its result in its own transaction: committed (done), rolled back
-/// (not done, released), or its transaction committed without it (`Err`: the layer records
-/// the result as usual).
-async fn settled_step<T, St: IdempotencyStore>(
-    held: &mut Held<St>,
-    settled: Result<Settled, StoreError>,
-    value: T,
-    waited: bool,
-) -> Result<StepOutput<T>, T> {
-    match settled {
-        Ok(Settled::Done) => {
-            held.armed = false;
-            held.release_marker().await;
-            Ok(StepOutput::called(value, waited))
-        }
-        Ok(Settled::Store) => Err(value),
-        Ok(Settled::Release) => {
-            tracing::warn!(
-                "step: the tool returned a success, but its transaction rolled back; the step is not done"
-            );
-            held.release().await;
-            Ok(StepOutput::not_recorded(value))
-        }
-        Err(error) => {
-            tracing::warn!(%error, "step: could not read whether the tool's transaction committed; the step is not done");
-            held.armed = false;
-            Ok(StepOutput::not_recorded(value))
-        }
-    }
-}
-
-fn replay<T, E, C: Codec<T>>(
-    codec: &C,
-    stored: &StoredResponse,
-    id: &crate::StepId,
-    waited: bool,
-) -> Output<T, E> {
-    match record::read(stored) {
-        Some(Recorded::Done(stored)) => codec
-            .decode(stored)
-            .map(|value| StepOutput::replayed(value, waited))
-            .map_err(StepError::codec),
-        Some(Recorded::Unknown { sent_at }) => {
-            Err(StepError::unknown(id.idempotency_key(), sent_at, None))
-        }
-        None => Err(StepError::codec(
-            "the record is not a step's (another layer's record under the same key?)".into(),
-        )),
     }
 }

@@ -42,7 +42,10 @@ impl<St: IdempotencyStore> Held<St> {
             .await
     }
 
-    /// Frees the step (and its mark: the call was not sent, or was answered).
+    /// Frees the step, and its sent mark (the call was not sent, or was refused). Otherwise
+    /// the mark stays for the retention, an in-progress claim that no store drops to make
+    /// room: if the step's record is dropped (a full memory store), the call is still never
+    /// sent blindly again.
     pub(crate) async fn release(&mut self) {
         self.armed = false;
         if let Err(error) = self.store.release(self.key, self.token).await {

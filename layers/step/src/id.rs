@@ -72,14 +72,16 @@ impl StepId {
     /// digits of a hash of the id, the same in every process and after every restart, and
     /// different for every (run, step, tool, occurrence).
     pub fn idempotency_key(&self) -> String {
-        let digest = self.digest(b"tower-once/step-key/v1");
-        let mut key = String::with_capacity(5 + 32);
-        key.push_str("step-");
-        for byte in &digest[..16] {
-            key.push(char::from(HEX[usize::from(byte >> 4)]));
-            key.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
-        key
+        hex_key(&self.digest(b"tower-once/step-key/v1"))
+    }
+
+    /// [`idempotency_key`](Self::idempotency_key) within a tenant's scope.
+    pub(crate) fn scoped_idempotency_key(&self, scope: &[u8]) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"tower-once/step-key/v1/scoped");
+        framed(&mut hasher, scope);
+        self.feed(&mut hasher);
+        hex_key(&hasher.finalize().into())
     }
 
     pub(crate) fn is_valid(&self) -> bool {
@@ -122,6 +124,17 @@ impl StepId {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// `step-` and the first 16 bytes of `digest` in hex.
+fn hex_key(digest: &[u8; 32]) -> String {
+    let mut key = String::with_capacity(5 + 32);
+    key.push_str("step-");
+    for byte in &digest[..16] {
+        key.push(char::from(HEX[usize::from(byte >> 4)]));
+        key.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    key
+}
 
 /// Length-prefixed, so that ("ab", "c") and ("a", "bc") never hash alike.
 fn framed(hasher: &mut Sha256, bytes: &[u8]) {

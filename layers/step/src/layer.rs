@@ -117,9 +117,25 @@ impl<St: Clone, C: Clone, K: Clone, V: Clone> StepLayer<St, C, K, V> {
     }
 
     /// Which outcomes are a step's result (`Action::Success`); only those are stored. The
-    /// default takes every `Ok` as a success: for HTTP responses use
-    /// [`HttpClassifier`](tower_once_core::classify::HttpClassifier), so that an upstream
-    /// `409`, `429`, `4xx` or `5xx` is returned but never stored as the tool's result.
+    /// default takes every `Ok` as a success: for a tool whose answer carries a status, say
+    /// which answers are its result, so that an upstream `409`, `429`, `4xx` or `5xx` is
+    /// returned but never stored as the tool's result. `Action::Stop` marks a refusal (the
+    /// call did not happen); `Action::Retry` an answer that may have had its effect (a `5xx`),
+    /// which a step that may not be sent twice treats as an unknown outcome.
+    ///
+    /// ```
+    /// use tower_once_core::classify::Action;
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct ToolResult { status: u16 }
+    /// let by_status = |outcome: &Result<ToolResult, std::io::Error>| match outcome {
+    ///     Ok(r) if r.status < 300 => Action::Success,
+    ///     Ok(r) if r.status >= 500 || r.status == 429 => Action::Retry { after: None },
+    ///     Ok(_) => Action::Stop,
+    ///     Err(_) => Action::Retry { after: None },
+    /// };
+    /// let layer = tower_once_step::StepLayer::new(tower_once_idempotency::store::MemoryStore::new())
+    ///     .classify(by_status);
+    /// # let _ = layer;
+    /// ```
     pub fn classify<K2: Clone>(self, classifier: K2) -> StepLayer<St, C, K2, V> {
         self.map(|s| Settings {
             store: s.store,

@@ -57,7 +57,9 @@
 //! | the call | the record | returns |
 //! |---|---|---|
 //! | a success (by the classifier) | its result, through the [`Codec`] ([`Json`] by default), kept for the retention (7 days) | the result, recorded |
-//! | an answer that is not a success (an upstream `409`, `429`, `4xx`, `5xx`) | none: released; the step is not done | the answer, [`is_recorded`](StepOutput::is_recorded) `false` |
+//! | a refusal (the classifier's `Action::Stop`: an upstream `4xx`), or any answer that is not a success with policy `RunAgain` | none: released; the step is not done | the answer, [`is_recorded`](StepOutput::is_recorded) `false` |
+//! | an answer that may have had its effect (`Action::Retry` or `InProgress`: a `5xx`, a `429`), policy `Refuse` | asks the `verify` hook; without one: unknown, recorded (a gateway's `502` may follow the effect) | the verified result, or [`StepError::is_unknown`] |
+//! | a success whose result cannot be kept (its codec fails, it is over [`result_limit`](StepLayer::result_limit), or the store fails) | none: released; an unkeyed call's sent mark stays, so its next attempt settles it as unknown | the result, [`is_recorded`](StepOutput::is_recorded) `false` |
 //! | an error that says it was never sent (a refused connection) | none: released | [`StepError::is_inner`] |
 //! | any other error (a timeout, a reset), policy `RunAgain` | none: released; the next attempt sends again, with the same key | [`StepError::is_inner`] |
 //! | any other error, policy `Refuse` | asks the `verify` hook as above; without one: unknown, recorded | the verified result, or [`StepError::is_unknown`] with the error inside |
@@ -88,7 +90,10 @@
 //! # Costs
 //!
 //! A replay is one store round trip and a decode; a fresh keyed step two (claim, record); a
-//! fresh unkeyed one four (claim, mark, record, unmark).
+//! fresh unkeyed one three (claim, mark, record). An unkeyed step's sent mark stays for the
+//! retention, an in-progress claim that no store drops to make room, so that a step whose
+//! record a full store dropped is still never sent blindly again: on the memory store, size
+//! `max_entries` for the unkeyed steps of a retention (or shorten it).
 //!
 //! # Compared with durable-execution engines
 //!
@@ -110,6 +115,16 @@
 //!
 //! # Known limits
 //!
+//! - A step changed from unkeyed to [`keyed`](Step::keyed) while runs are in flight: a call
+//!   the old code sent and never recorded is sent again under the new key (a keyed step does
+//!   not look for an unkeyed attempt's sent mark, which would cost every fresh keyed step a
+//!   round trip). Deploy such a change with no run in flight, or keep the old policy.
+//! - A step's retention is a store's to keep: a store that drops records to make room (the
+//!   memory store at its bounds, a Redis with an eviction policy) can drop a done step's
+//!   result; a keyed step then runs again with its key, an unkeyed one is settled unknown.
+//! - The arguments' fingerprint is xxh3-128, fast and not collision-resistant: arguments
+//!   crafted to collide with an earlier call of the same step (same run, position and tool)
+//!   get that call's result instead of a mismatch. Nothing runs twice.
 //! - On the memory and Redis stores (and the plain Postgres store) the result is a write after
 //!   the call: a crash between the two runs a keyed step again (with its key) or reports an
 //!   unkeyed one unknown. A tool whose effect is in Postgres closes that window on a
@@ -124,6 +139,7 @@ mod id;
 mod layer;
 mod metrics;
 mod output;
+mod pending;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

@@ -72,6 +72,11 @@ pub(crate) fn marker_sent_at(marker: &Fingerprint) -> SystemTime {
     from_millis(u64::from_be_bytes(ms))
 }
 
+/// `at`, to the millisecond: what a record keeps of it.
+pub(crate) fn to_millis(at: SystemTime) -> SystemTime {
+    from_millis(millis(at))
+}
+
 fn millis(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

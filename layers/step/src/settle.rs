@@ -1,11 +1,18 @@
-//! Recording a step's successful result: encoded, bounded, completed under the claim.
+//! A step's result: recorded (encoded, bounded, completed under the claim), read back from a
+//! record, or settled by the tool's own transaction.
 
 use crate::codec::Codec;
+use crate::error::StepError;
+use crate::future::Output;
 use crate::held::Held;
 use crate::output::StepOutput;
 use crate::record;
+use crate::record::Recorded;
 use std::time::Duration;
-use tower_once_idempotency::store::{Completion, IdempotencyStore, StoredResponse};
+use tower_once_idempotency::store::{
+    Completion, IdempotencyStore, Settled, StoreError, StoredResponse,
+};
+use tower_once_idempotency::JobRecord;
 
 /// `value` encoded by `codec`, if it fits `limit`; why not otherwise.
 pub(crate) fn encode<T, C: Codec<T>>(
@@ -43,10 +50,7 @@ pub(crate) async fn record_result<T, St: IdempotencyStore>(
     let completion = Completion::Response(record::done(stored));
     let completed = held.complete(completion, retention).await;
     match completed {
-        Ok(true) => {
-            held.release_marker().await;
-            made(value)
-        }
+        Ok(true) => made(value),
         Ok(false) => {
             tracing::warn!(
                 "step: its claim was lost before the result was stored (a lease too short?)"
@@ -57,5 +61,60 @@ pub(crate) async fn record_result<T, St: IdempotencyStore>(
             tracing::warn!(%error, "step: the result could not be stored; the step is not done");
             StepOutput::not_recorded(value)
         }
+    }
+}
+
+/// What became of the result a tool committed in its own transaction, if it wrote one.
+pub(crate) async fn settled_by_tool(written: &JobRecord) -> Option<Result<Settled, StoreError>> {
+    Some(written.check()?.await)
+}
+
+/// A step whose tool wrote its result in its own transaction: committed (done), rolled back
+/// (not done, released), or its transaction committed without it (`Err`: the layer records
+/// the result as usual).
+pub(crate) async fn settled_step<T, St: IdempotencyStore>(
+    held: &mut Held<St>,
+    settled: Result<Settled, StoreError>,
+    value: T,
+    waited: bool,
+) -> Result<StepOutput<T>, T> {
+    match settled {
+        Ok(Settled::Done) => {
+            held.armed = false;
+            Ok(StepOutput::called(value, waited))
+        }
+        Ok(Settled::Store) => Err(value),
+        Ok(Settled::Release) => {
+            tracing::warn!(
+                "step: the tool returned a success, but its transaction rolled back; the step is not done"
+            );
+            held.release().await;
+            Ok(StepOutput::not_recorded(value))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "step: could not read whether the tool's transaction committed; the step is not done");
+            held.armed = false;
+            Ok(StepOutput::not_recorded(value))
+        }
+    }
+}
+
+pub(crate) fn replay<T, E, C: Codec<T>>(
+    codec: &C,
+    stored: &StoredResponse,
+    id: &crate::StepId,
+    waited: bool,
+) -> Output<T, E> {
+    match record::read(stored) {
+        Some(Recorded::Done(stored)) => codec
+            .decode(stored)
+            .map(|value| StepOutput::replayed(value, waited))
+            .map_err(StepError::codec),
+        Some(Recorded::Unknown { sent_at }) => {
+            Err(StepError::unknown(id.idempotency_key(), sent_at, None))
+        }
+        None => Err(StepError::codec(
+            "the record is not a step's (another layer's record under the same key?)".into(),
+        )),
     }
 }

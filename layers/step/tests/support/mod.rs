@@ -161,22 +161,17 @@ pub fn sent_mark(at: std::time::SystemTime) -> Fingerprint {
     Fingerprint::from_bytes(out)
 }
 
+/// The layer's derivation, written out (it is what stored records are found by, so it must not
+/// drift): one SHA-256 over the domain, the framed scope and the framed id.
 fn scoped(id: &StepId, domain: &[u8], scope: &[u8]) -> StoreKey {
     let mut hasher = Sha256::new();
     hasher.update(domain);
     framed(&mut hasher, scope);
-    hasher.update(digest(id));
-    StoreKey::from_bytes(hasher.finalize().into()).with_scope(scope)
-}
-
-fn digest(id: &StepId) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    hasher.update(b"tower-once/step-id/v1");
     framed(&mut hasher, id.run().as_bytes());
     hasher.update(id.step().to_be_bytes());
     framed(&mut hasher, id.tool().as_bytes());
     hasher.update(id.occurrence_number().to_be_bytes());
-    hasher.finalize().into()
+    StoreKey::from_bytes(hasher.finalize().into()).with_scope(scope)
 }
 
 fn framed(hasher: &mut Sha256, bytes: &[u8]) {
