@@ -48,8 +48,6 @@ impl StepRequest for Call {}
 type Steps = tower_once::step::Steps<
     tower::util::ServiceFn<fn(Call) -> std::future::Ready<Result<ToolResult, std::io::Error>>>,
     MemoryStore,
-    tower_once::step::Json,
-    tower_once::core::classify::RetryOnError,
 >;
 
 fn tool(_: Call) -> std::future::Ready<Result<ToolResult, std::io::Error>> {

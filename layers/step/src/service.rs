@@ -1,7 +1,7 @@
 //! [`Steps`], the service of [`StepLayer`](crate::StepLayer).
 
 use crate::call::{Step, StepRequest};
-use crate::codec::Codec;
+use crate::codec::{Codec, Json};
 use crate::error::StepError;
 use crate::future::{run, ResponseFuture};
 use crate::layer::Settings;
@@ -10,14 +10,14 @@ use crate::verify::Verify;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tower_once_core::classify::Classify;
+use tower_once_core::classify::{Classify, RetryOnError};
 use tower_once_core::unsent::Unsent;
 use tower_once_idempotency::store::IdempotencyStore;
 use tower_service::Service;
 
 /// The service of [`StepLayer`](crate::StepLayer): takes a [`Step`], returns a
 /// [`StepOutput`].
-pub struct Steps<S, St, C, K, V> {
+pub struct Steps<S, St, C = Json, K = RetryOnError, V = ()> {
     inner: S,
     settings: Arc<Settings<St, C, K, V>>,
 }
