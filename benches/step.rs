@@ -41,7 +41,7 @@ fn result() -> ToolResult {
     }
 }
 
-struct Call(u64);
+struct Call;
 
 impl StepRequest for Call {}
 
@@ -86,7 +86,7 @@ impl Cases {
     }
 
     async fn step(steps: &mut Steps, run: String) -> bool {
-        let step = Step::new(StepId::new(run, 2, "refund"), Call(40)).arguments("40");
+        let step = Step::new(StepId::new(run, 2, "refund"), Call).arguments("40");
         let ready = steps.ready().await.expect("ready");
         ready.call(step).await.expect("a step").is_replayed()
     }
@@ -102,7 +102,7 @@ impl Cases {
                 "step_replay" => assert!(Self::step(&mut self.steps, "run-3".to_owned()).await),
                 "step_fresh" => {
                     self.fresh += 1;
-                    if self.fresh % 4096 == 0 {
+                    if self.fresh.is_multiple_of(4096) {
                         self.fresh_steps = steps();
                     }
                     let run = format!("fresh-{}", self.fresh);

@@ -160,7 +160,7 @@ async fn every_layer_reports_with_stable_names() {
             .layer(tool);
     let step = |args: &str| {
         let id = tower_once::step::StepId::new("run-1", 1, "tool");
-        tower_once::step::Step::new(id, Call).arguments(args.to_owned())
+        tower_once::step::Step::new(id, Call).arguments(args)
     };
     let (first, waiting) = tokio::join!(steps.clone().oneshot(step("a")), async {
         tokio::time::sleep(Duration::from_millis(5)).await;
