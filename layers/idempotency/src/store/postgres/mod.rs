@@ -146,7 +146,7 @@ pub use tower_once_core::table::{TableName, TableNameError};
 /// The `sqlx` this store is built on, to make pools and transactions of the matching version.
 pub use ::sqlx;
 
-/// An [`IdempotencyStore`] on a Postgres table. See the [module docs](self).
+/// An [`IdempotencyStore`](super::IdempotencyStore) on a Postgres table. See the [module docs](self).
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
