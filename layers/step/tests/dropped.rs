@@ -305,3 +305,43 @@ async fn a_step_dropped_while_its_result_is_being_recorded_is_still_recorded() {
     );
     assert_eq!(calls.load(SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_while_it_asks_the_downstream_is_released_and_keeps_its_mark() {
+    // "the step's future dropped | released, on a task of its own; an unkeyed call's sent
+    // mark stays, so the next attempt settles it": here the drop comes while the verify hook
+    // looks the timed-out call up downstream.
+    let (calls, refunds) = tool(|_: http::Request<String>, _| async move {
+        Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    });
+    let lookups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&lookups);
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(move |_: &StepId, _: std::time::SystemTime| {
+            let n = counted.fetch_add(1, SeqCst);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await; // the first lookup never answers
+                }
+                tower_once_step::Verified::<Refund>::Unknown
+            }
+        })
+        .layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let cut = tokio::time::timeout(
+        Duration::from_secs(1),
+        steps.clone().oneshot(Step::new(id.clone(), post("40"))),
+    )
+    .await;
+    assert!(cut.is_err(), "dropped during its lookup");
+    settle().await;
+
+    let start = tokio::time::Instant::now();
+    let err = steps
+        .oneshot(Step::new(id, post("40")))
+        .await
+        .unwrap_err();
+    assert!(err.is_unknown(), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO, "released, no lease to wait out");
+    assert_eq!((calls.load(SeqCst), lookups.load(SeqCst)), (1, 2));
+}
