@@ -2,7 +2,10 @@
 //! sent and never recorded): a call that may not be sent twice and whose outcome is unknown is
 //! looked up downstream first. Found: its result is recorded and nothing is sent. Not found:
 //! the call is sent. Cannot tell: recorded unknown, never sent again. Paused time, memory store,
-//! effects counted.
+//! effects counted. And hooks that go wrong: one that panics, one slower than the lease, one that
+//! finds a result the codec cannot keep, one whose "not happened" is followed by a crash.
+
+mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -149,3 +152,54 @@ async fn without_a_hook_or_when_it_cannot_tell_the_outcome_is_recorded_unknown()
     assert!(again.is_unknown(), "recorded: {again}");
     assert_eq!(notes.calls.load(SeqCst), 1, "never sent twice");
 }
+
+const LEASE: Duration = Duration::from_secs(2);
+
+/// A hook that gives `answers` in turn (the last one after that), counting its calls.
+fn scripted(
+    answers: Vec<Verified<String>>,
+) -> (
+    Arc<AtomicUsize>,
+    impl Fn(&StepId, SystemTime) -> std::future::Ready<Verified<String>> + Clone,
+) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&asked);
+    let hook = move |_: &StepId, _: SystemTime| {
+        let n = counted.fetch_add(1, SeqCst);
+        std::future::ready(answers[n.min(answers.len() - 1)].clone())
+    };
+    (asked, hook)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_verify_hook_that_panics_sends_nothing_and_the_next_attempt_asks_again() {
+    let notes = Notes::default();
+    let (finder, panicked_once) = (notes.clone(), Arc::new(AtomicUsize::new(0)));
+    let first = Arc::clone(&panicked_once);
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(move |_: &StepId, _: SystemTime| {
+            if first.fetch_add(1, SeqCst) == 0 {
+                panic!("the lookup's client panicked");
+            }
+            let found = finder.find("refunded");
+            async move { found.map_or(Verified::NotHappened, Verified::Happened) }
+        })
+        .layer(tower::timeout::Timeout::new(
+            notes.tool(Duration::from_secs(5)),
+            Duration::from_secs(1),
+        ));
+    let panicked = tokio::spawn(steps.clone().oneshot(note("run-5")))
+        .await
+        .unwrap_err();
+    assert!(panicked.is_panic());
+    support::settle().await;
+
+    let start = tokio::time::Instant::now();
+    let settled = steps.clone().oneshot(note("run-5")).await.unwrap();
+    assert!(settled.is_verified(), "{settled:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO, "released by the panic");
+    assert!(steps.oneshot(note("run-5")).await.unwrap().is_replayed());
+    assert_eq!(notes.calls.load(SeqCst), 1, "never sent twice");
+    assert_eq!(panicked_once.load(SeqCst), 2);
+}
+
