@@ -203,3 +203,48 @@ async fn a_verify_hook_that_panics_sends_nothing_and_the_next_attempt_asks_again
     assert_eq!(panicked_once.load(SeqCst), 2);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_lookup_slower_than_the_lease_keeps_the_step_and_a_second_owner_waits() {
+    // Crate docs: "in progress elsewhere (task, process, replica) | waits ... until it is done,
+    // its owner's lease ends" and the lease is "renewed every third of it" while the owner
+    // works. A dead owner's call is looked up by the next owner; the lookup (an HTTP search
+    // with its own retries) takes longer than the lease. The lease is not renewed while the
+    // hook runs, so a third attempt takes the step over, asks too, and both send the call.
+    let notes = Notes::default();
+    let (asking, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (now_asking, at_most) = (Arc::clone(&asking), Arc::clone(&most));
+    let store = MemoryStore::new();
+    let dead = StepLayer::new(store.clone())
+        .lease(LEASE)
+        .layer(notes.tool(Duration::from_secs(3600)));
+    support::kill_after(dead.oneshot(note("run-6")), Duration::from_millis(10)).await;
+    assert_eq!(notes.calls.load(SeqCst), 1, "the dead owner sent it");
+
+    // The downstream has no such note (the dead owner's request never arrived, say).
+    let steps = StepLayer::new(store)
+        .lease(LEASE)
+        .verify(move |_: &StepId, _: SystemTime| {
+            let (now_asking, at_most) = (Arc::clone(&now_asking), Arc::clone(&at_most));
+            async move {
+                let n = now_asking.fetch_add(1, SeqCst) + 1;
+                at_most.fetch_max(n, SeqCst);
+                tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+                now_asking.fetch_sub(1, SeqCst);
+                Verified::<String>::NotHappened
+            }
+        })
+        .layer(notes.tool(Duration::ZERO));
+    let second = tokio::spawn(steps.clone().oneshot(note("run-6")));
+    // The second owner takes the step at the dead owner's lease end (2 s) and asks until 5 s.
+    tokio::time::sleep(LEASE + Duration::from_millis(2500)).await;
+    let third = tokio::spawn(steps.clone().oneshot(note("run-6")));
+    let (second, third) = (second.await.unwrap(), third.await.unwrap());
+    assert_eq!(
+        most.load(SeqCst),
+        1,
+        "two owners asked at once, and the call was sent {} times in all (second: {second:?}, \
+         third: {third:?}: neither could record, its claim had lapsed while it asked)",
+        notes.calls.load(SeqCst)
+    );
+    assert_eq!(notes.calls.load(SeqCst), 2, "sent again once, by one owner");
+}
