@@ -248,3 +248,77 @@ async fn a_lookup_slower_than_the_lease_keeps_the_step_and_a_second_owner_waits(
     );
     assert_eq!(notes.calls.load(SeqCst), 2, "sent again once, by one owner");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_found_result_the_codec_cannot_keep_is_not_recorded_and_never_sent() {
+    // `Verified::Happened`: "recorded as the step's result, nothing sent"; `Json`: a value
+    // whose JSON does not read back is refused. The lookup finds the call with a NaN in it:
+    // nothing can be recorded, and the call must still never be sent again.
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Score {
+        ratio: f64,
+    }
+    let (calls, scorer) = support::tool(|_: support::Lookup, _| async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok::<_, std::io::Error>(Score { ratio: 0.5 })
+    });
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&lookups);
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(move |_: &StepId, _: SystemTime| {
+            counted.fetch_add(1, SeqCst);
+            std::future::ready(Verified::Happened(Score { ratio: f64::NAN }))
+        })
+        .layer(tower::timeout::Timeout::new(scorer, Duration::from_secs(1)));
+    let id = StepId::new("run-7", 1, "score");
+    for _ in 0..3 {
+        let out = steps
+            .clone()
+            .oneshot(Step::new(id.clone(), support::Lookup("A7")))
+            .await
+            .unwrap();
+        assert!(!out.is_recorded(), "{out:?}");
+        assert!(out.value().ratio.is_nan(), "the lookup's value is returned");
+    }
+    assert_eq!(calls.load(SeqCst), 1, "never sent twice");
+    assert_eq!(lookups.load(SeqCst), 3, "each attempt asks again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_sent_again_after_a_lookup_and_then_killed_is_looked_up_again() {
+    // "Not happened: it is sent" -- under the earlier attempt's mark, which stays: the owner
+    // that sent it again is killed mid-call, and the next owner asks again rather than
+    // sending it blindly a third time.
+    let notes = Notes::default();
+    let store = MemoryStore::new();
+    let dead = StepLayer::new(store.clone())
+        .lease(LEASE)
+        .layer(notes.tool(Duration::from_secs(3600)));
+    support::kill_after(dead.clone().oneshot(note("run-8")), Duration::from_millis(10)).await;
+
+    let (asked, hook) = scripted(vec![
+        Verified::NotHappened,
+        Verified::Happened("note: refunded".into()),
+    ]);
+    let hanging = StepLayer::new(store.clone())
+        .lease(LEASE)
+        .verify(hook.clone())
+        .layer(notes.tool(Duration::from_secs(3600)));
+    // Waits out the first owner's lease, hears "not happened", sends, and is killed.
+    support::kill_after(
+        hanging.oneshot(note("run-8")),
+        LEASE + Duration::from_millis(500),
+    )
+    .await;
+    assert_eq!(notes.calls.load(SeqCst), 2);
+
+    let steps = StepLayer::new(store)
+        .lease(LEASE)
+        .verify(hook)
+        .layer(notes.tool(Duration::ZERO));
+    let settled = steps.clone().oneshot(note("run-8")).await.unwrap();
+    assert!(settled.is_verified(), "{settled:?}");
+    assert!(steps.oneshot(note("run-8")).await.unwrap().is_replayed());
+    assert_eq!(notes.calls.load(SeqCst), 2, "never sent a third time");
+    assert_eq!(asked.load(SeqCst), 2);
+}
