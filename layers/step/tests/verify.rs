@@ -322,3 +322,34 @@ async fn a_call_sent_again_after_a_lookup_and_then_killed_is_looked_up_again() {
     assert_eq!(notes.calls.load(SeqCst), 2, "never sent a third time");
     assert_eq!(asked.load(SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_step_that_waited_out_a_dead_owner_says_it_waited_when_the_lookup_settles_it() {
+    // `StepOutput::waited`: "The step waited for another task, process or replica running
+    // it." The next owner waits a whole lease for the dead one, then the lookup finds the call.
+    let notes = Notes::default();
+    let finder = notes.clone();
+    let store = MemoryStore::new();
+    let dead = StepLayer::new(store.clone())
+        .lease(LEASE)
+        .layer(notes.tool(Duration::from_secs(3600)));
+    support::kill_after(dead.oneshot(note("run-9")), Duration::from_millis(10)).await;
+
+    let steps = StepLayer::new(store)
+        .lease(LEASE)
+        .verify(move |_: &StepId, _: SystemTime| {
+            let found = finder.find("refunded");
+            async move { found.map_or(Verified::NotHappened, Verified::Happened) }
+        })
+        .layer(notes.tool(Duration::ZERO));
+    let start = tokio::time::Instant::now();
+    let settled = steps.oneshot(note("run-9")).await.unwrap();
+    assert!(settled.is_verified(), "{settled:?}");
+    assert!(start.elapsed() >= LEASE - Duration::from_millis(10), "it waited the lease");
+    assert!(
+        settled.waited(),
+        "waited {:?} for the dead owner, and says it did not",
+        start.elapsed()
+    );
+    assert_eq!(notes.calls.load(SeqCst), 1);
+}
