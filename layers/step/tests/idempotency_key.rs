@@ -105,3 +105,21 @@ async fn keyed_before_its_scope_carries_the_scoped_key() {
     );
     assert_eq!(calls.load(SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn step_idempotency_key_is_the_key_the_request_carries() {
+    // `Step::idempotency_key`: "The key the step carries downstream when keyed". A request
+    // with a key of its own keeps it, so that is the key a caller must look the call up by.
+    let (_, keys, refunds) = refunds(false, false);
+    let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
+    let step = Step::new(StepId::new("run-1", 2, "refund"), post_with_key("order-77")).keyed();
+    let named = step.idempotency_key();
+    steps.oneshot(step).await.unwrap();
+    let carried = keys.lock().unwrap()[0].clone();
+    assert_eq!(
+        Some(named),
+        carried,
+        "the step names one key and carries another"
+    );
+}
+
