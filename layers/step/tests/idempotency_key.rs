@@ -123,3 +123,28 @@ async fn step_idempotency_key_is_the_key_the_request_carries() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_unknown_call_names_the_key_it_carried() {
+    // `StepError::idempotency_key`: "The key the unknown call carried (or would have carried)
+    // downstream", given so the caller can look the call up. A request with a key of its own,
+    // kept unsendable twice (the downstream is not known to honour keys): the error names the
+    // step's derived key, which never travelled.
+    let (calls, keys, refunds) = refunds(false, true);
+    let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let err = steps
+        .oneshot(
+            Step::new(id, post_with_key("order-77")).on_unknown(OnUnknown::Refuse),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_unknown(), "{err:?}");
+    assert_eq!(keys.lock().unwrap()[0].as_deref(), Some("order-77"));
+    assert_eq!(
+        err.idempotency_key(),
+        Some("order-77"),
+        "the error names a key the call never carried"
+    );
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
