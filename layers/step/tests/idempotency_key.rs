@@ -148,3 +148,24 @@ async fn an_unknown_call_names_the_key_it_carried() {
     assert_eq!(calls.load(SeqCst), 1);
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_unknown_scoped_step_names_its_scoped_key() {
+    // The same error for a tenant's unkeyed step: "would have carried" is the step's scoped
+    // key (`Step::idempotency_key`, what `keyed` stamps), and every attempt names the same.
+    let (calls, _, refunds) = refunds(false, true);
+    let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let step = || Step::new(id.clone(), post("40")).scope("tenant-a");
+    let would_carry = step().keyed().idempotency_key();
+    for _ in 0..2 {
+        let err = steps.clone().oneshot(step()).await.unwrap_err();
+        assert!(err.is_unknown(), "{err:?}");
+        assert_eq!(
+            err.idempotency_key(),
+            Some(would_carry.as_str()),
+            "the unscoped key, {}, shared by every tenant's run-1",
+            id.idempotency_key()
+        );
+    }
+    assert_eq!(calls.load(SeqCst), 1);
+}
