@@ -169,3 +169,24 @@ async fn an_unknown_scoped_step_names_its_scoped_key() {
     }
     assert_eq!(calls.load(SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_idempotency_key_header_is_not_a_key() {
+    // `Step::keyed` keeps a key the request already carries, and the policy becomes RunAgain
+    // ("the second send has the effect of the first"). An empty `Idempotency-Key` (a template
+    // that filled in nothing) is no key: no downstream can dedupe by it (the idempotency
+    // layer refuses it as invalid, others ignore it), yet it is kept and the killed call is
+    // sent again under it.
+    let (calls, keys, refunds) = refunds(true, false);
+    let steps = StepLayer::new(MemoryStore::new()).lease(LEASE).layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let step = || Step::new(id.clone(), post_with_key("")).keyed();
+    kill_after(steps.clone().oneshot(step()), Duration::from_millis(10)).await;
+    let again = steps.oneshot(step()).await;
+    let keys = keys.lock().unwrap().clone();
+    assert!(
+        keys.iter().all(|k| k.as_deref().is_some_and(|k| !k.is_empty())),
+        "sent {} times, with keys {keys:?} ({again:?})",
+        calls.load(SeqCst)
+    );
+}
