@@ -337,11 +337,12 @@ async fn a_step_dropped_while_it_asks_the_downstream_is_released_and_keeps_its_m
     settle().await;
 
     let start = tokio::time::Instant::now();
-    let err = steps
-        .oneshot(Step::new(id, post("40")))
-        .await
-        .unwrap_err();
+    let err = steps.oneshot(Step::new(id, post("40"))).await.unwrap_err();
     assert!(err.is_unknown(), "{err:?}");
-    assert_eq!(start.elapsed(), Duration::ZERO, "released, no lease to wait out");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "released, no lease to wait out"
+    );
     assert_eq!((calls.load(SeqCst), lookups.load(SeqCst)), (1, 2));
 }

@@ -431,7 +431,11 @@ async fn an_unkeyed_5xx_is_looked_up_released_when_not_found_and_recorded_when_f
             assert_eq!(calls.load(SeqCst), 1, "found: never sent again");
         } else {
             assert!(second.is_recorded() && !second.is_replayed());
-            assert_eq!(calls.load(SeqCst), 2, "not found: its mark went, sent again");
+            assert_eq!(
+                calls.load(SeqCst),
+                2,
+                "not found: its mark went, sent again"
+            );
         }
         assert_eq!(lookups.load(SeqCst), 1);
     }

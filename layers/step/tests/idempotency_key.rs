@@ -66,7 +66,9 @@ fn post_with_key(key: &'static str) -> http::Request<String> {
 #[tokio::test(start_paused = true)]
 async fn a_request_with_its_own_key_is_sent_with_it_every_time() {
     let (calls, keys, refunds) = refunds(true, false);
-    let steps = StepLayer::new(MemoryStore::new()).lease(LEASE).layer(refunds);
+    let steps = StepLayer::new(MemoryStore::new())
+        .lease(LEASE)
+        .layer(refunds);
     let id = StepId::new("run-1", 2, "refund");
     let step = || Step::new(id.clone(), post_with_key("order-77")).keyed();
     assert_eq!(step().on_unknown_policy(), OnUnknown::RunAgain);
@@ -133,9 +135,7 @@ async fn an_unknown_call_names_the_key_it_carried() {
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
     let id = StepId::new("run-1", 2, "refund");
     let err = steps
-        .oneshot(
-            Step::new(id, post_with_key("order-77")).on_unknown(OnUnknown::Refuse),
-        )
+        .oneshot(Step::new(id, post_with_key("order-77")).on_unknown(OnUnknown::Refuse))
         .await
         .unwrap_err();
     assert!(err.is_unknown(), "{err:?}");
@@ -178,14 +178,17 @@ async fn an_empty_idempotency_key_header_is_not_a_key() {
     // layer refuses it as invalid, others ignore it), yet it is kept and the killed call is
     // sent again under it.
     let (calls, keys, refunds) = refunds(true, false);
-    let steps = StepLayer::new(MemoryStore::new()).lease(LEASE).layer(refunds);
+    let steps = StepLayer::new(MemoryStore::new())
+        .lease(LEASE)
+        .layer(refunds);
     let id = StepId::new("run-1", 2, "refund");
     let step = || Step::new(id.clone(), post_with_key("")).keyed();
     kill_after(steps.clone().oneshot(step()), Duration::from_millis(10)).await;
     let again = steps.oneshot(step()).await;
     let keys = keys.lock().unwrap().clone();
     assert!(
-        keys.iter().all(|k| k.as_deref().is_some_and(|k| !k.is_empty())),
+        keys.iter()
+            .all(|k| k.as_deref().is_some_and(|k| !k.is_empty())),
         "sent {} times, with keys {keys:?} ({again:?})",
         calls.load(SeqCst)
     );

@@ -145,17 +145,29 @@ async fn sent_marks_that_fill_the_memory_store_refuse_unkeyed_steps_and_send_not
     }
     let refused_at = refused_at.expect("the marks filled the store");
     assert_eq!(refused_at, 7, "seven marks and one entry for a record");
-    assert_eq!(calls.load(SeqCst), refused_at, "a refused step sent nothing");
+    assert_eq!(
+        calls.load(SeqCst),
+        refused_at,
+        "a refused step sent nothing"
+    );
     // The first refund's record made room for a mark: repeated, it is unknown, never sent.
     let err = steps.clone().oneshot(refund(0)).await.unwrap_err();
     assert!(err.is_unknown(), "{err:?}");
 
     let keyed = Step::new(StepId::new("run-99", 1, "lookup"), post("1")).keyed();
-    assert!(steps.clone().oneshot(keyed.clone()).await.unwrap().is_recorded());
+    assert!(steps
+        .clone()
+        .oneshot(keyed.clone())
+        .await
+        .unwrap()
+        .is_recorded());
     let err = steps.clone().oneshot(refund(50)).await.unwrap_err();
     assert!(err.is_store(), "{err:?}");
     let again = steps.clone().oneshot(keyed.clone()).await.unwrap();
-    assert!(!again.is_replayed(), "its record made room for the refused claim");
+    assert!(
+        !again.is_replayed(),
+        "its record made room for the refused claim"
+    );
     assert_eq!(calls.load(SeqCst), refused_at + 2);
 
     // Once the marks' retention (7 days) has passed, unkeyed steps run again.

@@ -2,7 +2,9 @@
 //! docs of `tower_once_step::postgres`): one commit for the effect and the result; an error
 //! before the commit leaves neither and the step runs again at once; a tool frozen past its
 //! lease is ended by Postgres and never commits after another owner took the step over; an
-//! unkeyed step that could not be made safe on a transactional store is refused.
+//! unkeyed step that could not be made safe on a transactional store is refused. And tools that
+//! use the transaction wrongly or unusually: committing twice, with another step's claim, not at
+//! all, before failing; at SERIALIZABLE; with a savepoint; with an effect outside Postgres.
 #![cfg(feature = "postgres")]
 
 use serde::{Deserialize, Serialize};
@@ -36,8 +38,13 @@ struct Db {
 
 impl Db {
     async fn new() -> Self {
+        Self::with(sqlx::postgres::PgPoolOptions::new()).await
+    }
+
+    /// On a pool of its own options (a connection setting, say).
+    async fn with(options: sqlx::postgres::PgPoolOptions) -> Self {
         let schema = Schema::create();
-        let pool = sqlx::postgres::PgPoolOptions::new()
+        let pool = options
             .max_connections(8)
             .connect(&database_url())
             .await
@@ -211,4 +218,176 @@ async fn an_unkeyed_post_that_may_not_be_sent_twice_is_refused_on_a_transactiona
     let refused = steps.oneshot(step).await.unwrap_err();
     assert!(refused.is_misused(), "{refused}");
     assert_eq!(runs.load(SeqCst), 0, "nothing sent");
+}
+
+// ---- Tools that use the step's transaction in other ways. ----
+
+/// The step's claim, from the tool's request.
+fn claim_of(req: &http::Request<String>) -> Result<Claim<PostgresStore>, BoxError> {
+    Ok(req
+        .extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or("no claim")?)
+}
+
+/// The refund, written on `conn` (the step's transaction, or a savepoint in it).
+async fn insert_refund(
+    schema: &str,
+    conn: &mut sqlx::PgConnection,
+    amount: i64,
+) -> Result<Refunded, BoxError> {
+    let (id,): (i64,) = sqlx::query_as(&format!(
+        "INSERT INTO {schema}.refunds (amount) VALUES ($1) RETURNING id"
+    ))
+    .bind(amount)
+    .fetch_one(conn)
+    .await?;
+    Ok(Refunded { id })
+}
+
+#[tokio::test]
+async fn a_tool_that_commits_then_tries_to_commit_again_records_once() {
+    let db = Db::new().await;
+    let (schema, runs, refused) = (
+        db.schema.name.clone(),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (counted, misused) = (Arc::clone(&runs), Arc::clone(&refused));
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs, misused) =
+                (schema.clone(), Arc::clone(&counted), Arc::clone(&misused));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let first = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &first).await?;
+                // A second effect, a second commit: the claim's transaction is gone.
+                match claim.transaction().await {
+                    Err(e) if e.is_misused() => misused.fetch_add(1, SeqCst),
+                    other => panic!("a second transaction: {other:?}"),
+                };
+                Ok::<_, BoxError>(first)
+            }
+        },
+    ));
+    let first = steps.clone().oneshot(refund_step("run-5")).await.unwrap();
+    assert!(first.is_recorded());
+    let again = steps.oneshot(refund_step("run-5")).await.unwrap();
+    assert!(again.is_replayed() && again.value() == first.value());
+    assert_eq!(
+        (runs.load(SeqCst), refused.load(SeqCst), db.refunds().await),
+        (1, 1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_tool_that_commits_with_another_steps_claim_commits_nothing() {
+    // `Claim::commit`: "[`ClaimError::is_misused`] when `tx` is another claim's". A tool that
+    // kept the claim of an earlier step (run-a) commits run-b's transaction with it.
+    let db = Db::new().await;
+    let schema = db.schema.name.clone();
+    let kept: Arc<std::sync::Mutex<Option<Claim<PostgresStore>>>> = Default::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (stash, counted) = (Arc::clone(&kept), Arc::clone(&runs));
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, stash, runs) = (schema.clone(), Arc::clone(&stash), Arc::clone(&counted));
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                let earlier = stash.lock().unwrap().replace(claim.clone());
+                let with = match (n, earlier) {
+                    (1, Some(earlier)) => earlier, // run-b's first attempt
+                    _ => claim,
+                };
+                tower_once_step::postgres::commit(&with, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        },
+    ));
+    assert!(steps
+        .clone()
+        .oneshot(refund_step("run-a"))
+        .await
+        .unwrap()
+        .is_recorded());
+    let err = steps
+        .clone()
+        .oneshot(refund_step("run-b"))
+        .await
+        .unwrap_err();
+    assert!(err.is_inner(), "{err}");
+    let cause = err
+        .inner_error()
+        .unwrap()
+        .downcast_ref::<tower_once_idempotency::ClaimError>();
+    assert!(cause.is_some_and(|c| c.is_misused()), "{err}");
+    assert_eq!(db.refunds().await, 1, "run-b's refund rolled back");
+    let retried = tokio::time::timeout(
+        Duration::from_secs(5),
+        steps.clone().oneshot(refund_step("run-b")),
+    )
+    .await
+    .expect("free at once")
+    .unwrap();
+    assert!(retried.is_recorded());
+    for run in ["run-a", "run-b"] {
+        assert!(steps
+            .clone()
+            .oneshot(refund_step(run))
+            .await
+            .unwrap()
+            .is_replayed());
+    }
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (3, 2));
+}
+
+#[tokio::test]
+async fn a_tool_that_returns_ok_without_committing_leaves_nothing_and_runs_again_at_once() {
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .lease(Duration::from_secs(30))
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                if n == 0 {
+                    drop(tx); // forgot to commit
+                } else {
+                    tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                }
+                Ok::<_, BoxError>(refunded)
+            }
+        }));
+    let first = steps.clone().oneshot(refund_step("run-6")).await.unwrap();
+    assert!(
+        !first.is_recorded(),
+        "its transaction rolled back: {first:?}"
+    );
+    assert_eq!(db.refunds().await, 0);
+    let second = tokio::time::timeout(
+        Duration::from_secs(5),
+        steps.clone().oneshot(refund_step("run-6")),
+    )
+    .await
+    .expect("free at once")
+    .unwrap();
+    assert!(second.is_recorded() && !second.is_replayed());
+    assert!(steps
+        .oneshot(refund_step("run-6"))
+        .await
+        .unwrap()
+        .is_replayed());
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (2, 1));
 }

@@ -294,7 +294,11 @@ async fn a_call_sent_again_after_a_lookup_and_then_killed_is_looked_up_again() {
     let dead = StepLayer::new(store.clone())
         .lease(LEASE)
         .layer(notes.tool(Duration::from_secs(3600)));
-    support::kill_after(dead.clone().oneshot(note("run-8")), Duration::from_millis(10)).await;
+    support::kill_after(
+        dead.clone().oneshot(note("run-8")),
+        Duration::from_millis(10),
+    )
+    .await;
 
     let (asked, hook) = scripted(vec![
         Verified::NotHappened,
@@ -345,7 +349,10 @@ async fn a_step_that_waited_out_a_dead_owner_says_it_waited_when_the_lookup_sett
     let start = tokio::time::Instant::now();
     let settled = steps.oneshot(note("run-9")).await.unwrap();
     assert!(settled.is_verified(), "{settled:?}");
-    assert!(start.elapsed() >= LEASE - Duration::from_millis(10), "it waited the lease");
+    assert!(
+        start.elapsed() >= LEASE - Duration::from_millis(10),
+        "it waited the lease"
+    );
     assert!(
         settled.waited(),
         "waited {:?} for the dead owner, and says it did not",

@@ -379,7 +379,10 @@ async fn deadline_call_on_a_step_without_extensions_bounds_the_wait_in_scope() {
     let mut direct = steps.clone();
     let deadline = Deadline::after(Duration::from_secs(2));
     let err = deadline
-        .call(direct.ready().await.unwrap(), Step::new(id.clone(), Lookup("A7")))
+        .call(
+            direct.ready().await.unwrap(),
+            Step::new(id.clone(), Lookup("A7")),
+        )
         .await
         .unwrap_err();
     assert!(err.is_in_progress(), "{err:?}");
