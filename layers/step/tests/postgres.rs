@@ -391,3 +391,36 @@ async fn a_tool_that_returns_ok_without_committing_leaves_nothing_and_runs_again
         .is_replayed());
     assert_eq!((runs.load(SeqCst), db.refunds().await), (2, 1));
 }
+
+#[tokio::test]
+async fn a_tool_that_fails_after_its_commit_is_replayed_and_never_run_again() {
+    // The refund and the result committed; then the tool fails (its answer to the agent could
+    // not be built, say). The step returns the tool's error, and the committed step replays:
+    // the refund is never made twice.
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Err::<Refunded, BoxError>("committed, then the answer failed".into())
+            }
+        },
+    ));
+    let err = steps
+        .clone()
+        .oneshot(refund_step("run-7"))
+        .await
+        .unwrap_err();
+    assert!(err.is_inner(), "{err}");
+    let again = steps.oneshot(refund_step("run-7")).await.unwrap();
+    assert!(again.is_replayed(), "{again:?}");
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (1, 1));
+}
+
