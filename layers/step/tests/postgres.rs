@@ -424,3 +424,50 @@ async fn a_tool_that_fails_after_its_commit_is_replayed_and_never_run_again() {
     assert_eq!((runs.load(SeqCst), db.refunds().await), (1, 1));
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Answer {
+    status: u16,
+    id: i64,
+}
+
+#[tokio::test]
+async fn an_answer_the_classifier_refuses_is_never_replayed_even_when_the_tool_committed_it() {
+    // DESIGN, Durable steps: "Only successes are stored; an upstream 409/429/4xx/5xx is never a
+    // tool's result"; `StepOutput::is_recorded`: `false` "for an answer the classifier does not
+    // call a success ..., which is returned as it is and never stored: the step is not done,
+    // and a later attempt calls again". The tool commits its answer (`postgres::commit` knows
+    // no classifier; `Claim::commit` applies the idempotency layer's `store_when`), the step
+    // says it was not recorded, and the next attempt replays the 503 as the step's result.
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .classify(|outcome: &Result<Answer, BoxError>| match outcome {
+            Ok(a) if a.status < 300 => tower_once_core::classify::Action::Success,
+            Ok(a) if a.status >= 500 => tower_once_core::classify::Action::Retry { after: None },
+            _ => tower_once_core::classify::Action::Stop,
+        })
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let Refunded { id } = insert_refund(&schema, &mut tx, 40).await?;
+                let answer = Answer { status: 503, id };
+                tower_once_step::postgres::commit(&claim, tx, &answer).await?;
+                Ok::<_, BoxError>(answer)
+            }
+        }));
+    let first = steps.clone().oneshot(refund_step("run-8")).await.unwrap();
+    assert!(!first.is_recorded(), "{first:?}");
+    let second = steps.oneshot(refund_step("run-8")).await.unwrap();
+    assert!(
+        !second.is_replayed(),
+        "the 503 the step called not recorded is replayed as its result: {second:?} \
+         (tool runs {}, refunds {})",
+        runs.load(SeqCst),
+        db.refunds().await
+    );
+}
+
