@@ -471,3 +471,31 @@ async fn an_answer_the_classifier_refuses_is_never_replayed_even_when_the_tool_c
     );
 }
 
+#[tokio::test]
+async fn a_result_over_the_limit_that_the_tool_commits_is_not_stored() {
+    // `StepLayer::result_limit`: "The largest encoded result stored (1 MiB by default): a larger
+    // one is returned, not stored, and the step is not done." `postgres::commit` knows no limit
+    // (it stores up to the idempotency layer's default response limit).
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .result_limit(4)
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        }));
+    let first = steps.clone().oneshot(refund_step("run-9")).await.unwrap();
+    let again = steps.oneshot(refund_step("run-9")).await.unwrap();
+    assert!(
+        !first.is_recorded() && !again.is_replayed(),
+        "a result over the 4-byte limit was stored: first {first:?}, then {again:?}"
+    );
+}
