@@ -499,3 +499,96 @@ async fn a_result_over_the_limit_that_the_tool_commits_is_not_stored() {
         "a result over the 4-byte limit was stored: first {first:?}, then {again:?}"
     );
 }
+
+#[tokio::test]
+async fn at_serializable_a_conflict_rolls_back_and_each_step_commits_once() {
+    // `Claim::commit`: fails, nothing committed, with `is_store` on "a serialization failure at
+    // SERIALIZABLE included: the retry runs the handler again". Every transaction SERIALIZABLE
+    // (the pool's setting: the claim's `BEGIN` comes before the tool could say so). Two refunds
+    // of two runs each read the refunds table, then write: one of them must fail.
+    let options = sqlx::postgres::PgPoolOptions::new().after_connect(|conn, _| {
+        Box::pin(async move {
+            sqlx::Executor::execute(conn, "SET default_transaction_isolation TO 'serializable'")
+                .await
+                .map(drop)
+        })
+    });
+    let db = Db::with(options).await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let both_read = Arc::new(tokio::sync::Barrier::new(2));
+    let (counted, barrier) = (Arc::clone(&runs), Arc::clone(&both_read));
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs, barrier) =
+                (schema.clone(), Arc::clone(&counted), Arc::clone(&barrier));
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let total: i64 =
+                    sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.refunds"))
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if n < 2 {
+                    barrier.wait().await; // both first attempts have read
+                }
+                let refunded = insert_refund(&schema, &mut tx, 40 + total).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        },
+    ));
+    let (a, b) = tokio::join!(
+        steps.clone().oneshot(refund_step("run-a")),
+        steps.clone().oneshot(refund_step("run-b")),
+    );
+    let failed: Vec<_> = [&a, &b]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    assert_eq!(failed.len(), 1, "one of them conflicts: {a:?} {b:?}");
+    assert!(failed[0].is_inner(), "{}", failed[0]);
+    assert_eq!(db.refunds().await, 1, "the conflicting refund rolled back");
+    for run in ["run-a", "run-b"] {
+        let out = steps.clone().oneshot(refund_step(run)).await.unwrap();
+        assert!(out.is_recorded(), "{run}: {out:?}");
+    }
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (3, 2));
+}
+
+#[tokio::test]
+async fn an_effect_rolled_back_to_a_savepoint_stays_rolled_back_and_the_rest_commits() {
+    // `ClaimTransaction`: "Savepoints work as on any connection". The tool tries a refund in a
+    // savepoint, rolls it back, makes another, and commits: one refund, and the step replays.
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                {
+                    let mut savepoint = sqlx::Acquire::begin(&mut *tx).await?;
+                    insert_refund(&schema, &mut savepoint, 999).await?;
+                    savepoint.rollback().await?;
+                }
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        },
+    ));
+    let first = steps.clone().oneshot(refund_step("run-10")).await.unwrap();
+    assert!(first.is_recorded());
+    let again = steps.oneshot(refund_step("run-10")).await.unwrap();
+    assert!(again.is_replayed() && again.value() == first.value());
+    let amounts: Vec<i64> =
+        sqlx::query_scalar(&format!("SELECT amount FROM {}.refunds", db.schema.name))
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!((runs.load(SeqCst), amounts), (1, vec![40]));
+}
