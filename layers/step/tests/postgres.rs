@@ -592,3 +592,58 @@ async fn an_effect_rolled_back_to_a_savepoint_stays_rolled_back_and_the_rest_com
             .unwrap();
     assert_eq!((runs.load(SeqCst), amounts), (1, vec![40]));
 }
+
+type Sent = Arc<std::sync::Mutex<Vec<Option<String>>>>;
+
+/// A tool that calls the payments API (the HTTP effect, kept in `sent` with its key), then
+/// writes its refund on the step's transaction; its first attempt fails before the commit.
+fn calls_out_then_commits(
+    schema: String,
+    sent: Sent,
+    runs: Arc<AtomicUsize>,
+) -> impl Service<http::Request<String>, Response = Refunded, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    tower::service_fn(move |req: http::Request<String>| {
+        let (schema, sent, runs) = (schema.clone(), Arc::clone(&sent), Arc::clone(&runs));
+        async move {
+            let n = runs.fetch_add(1, SeqCst);
+            let key = req.headers().get("idempotency-key");
+            sent.lock()
+                .unwrap()
+                .push(key.map(|k| k.to_str().unwrap().to_owned()));
+            let claim = claim_of(&req)?;
+            let mut tx = claim.transaction().await?;
+            let refunded = insert_refund(&schema, &mut tx, 40).await?;
+            if n == 0 {
+                return Err("the ledger write failed after the payments call".into());
+            }
+            tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+            Ok(refunded)
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_keyed_transactional_tool_that_calls_out_sends_again_with_its_key() {
+    let db = Db::new().await;
+    let (sent, runs): (Sent, _) = (Default::default(), Arc::new(AtomicUsize::new(0)));
+    let steps = StepLayer::new(db.store.clone()).layer(calls_out_then_commits(
+        db.schema.name.clone(),
+        Arc::clone(&sent),
+        Arc::clone(&runs),
+    ));
+    let step = || {
+        let request = http::Request::post("/refunds")
+            .body("40".to_owned())
+            .unwrap();
+        Step::new(StepId::new("run-11", 2, "refund"), request).keyed()
+    };
+    assert!(steps.clone().oneshot(step()).await.unwrap_err().is_inner());
+    assert!(steps.clone().oneshot(step()).await.unwrap().is_recorded());
+    assert!(steps.oneshot(step()).await.unwrap().is_replayed());
+    let key = Some(step().idempotency_key());
+    assert_eq!(*sent.lock().unwrap(), vec![key.clone(), key]);
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (2, 1));
+}
+
