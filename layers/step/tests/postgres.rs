@@ -647,3 +647,37 @@ async fn a_keyed_transactional_tool_that_calls_out_sends_again_with_its_key() {
     assert_eq!((runs.load(SeqCst), db.refunds().await), (2, 1));
 }
 
+#[tokio::test]
+async fn nothing_of_a_failed_transactional_attempt_survives_its_retry() {
+    // `tower_once_step::postgres`: "Such a step is safe to run again (nothing of a failed
+    // attempt survives), so make it OnUnknown::RunAgain"; an unkeyed POST is refused on a
+    // transactional store "unless" so marked. A tool that takes the transaction and also
+    // calls out (the payments API, before its ledger write): the first attempt's call
+    // survives its rollback, and the RunAgain retry sends it again, with no key.
+    let db = Db::new().await;
+    let (sent, runs): (Sent, _) = (Default::default(), Arc::new(AtomicUsize::new(0)));
+    let steps = StepLayer::new(db.store.clone()).layer(calls_out_then_commits(
+        db.schema.name.clone(),
+        Arc::clone(&sent),
+        Arc::clone(&runs),
+    ));
+    assert!(steps
+        .clone()
+        .oneshot(refund_step("run-12"))
+        .await
+        .unwrap_err()
+        .is_inner());
+    let retried = steps.oneshot(refund_step("run-12")).await.unwrap();
+    assert!(retried.is_recorded());
+    assert_eq!(
+        db.refunds().await,
+        1,
+        "the ledger rolled back and was written once"
+    );
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the payments call of the failed attempt survived and was sent again: {sent:?}"
+    );
+}
