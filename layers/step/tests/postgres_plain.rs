@@ -110,3 +110,55 @@ async fn a_tool_that_completes_the_claim_it_was_handed_has_its_result_replayed()
     let again = again.expect("the recorded step replays");
     assert_eq!(again.value(), first.value());
 }
+
+#[tokio::test]
+async fn a_step_dropped_while_its_result_waits_for_a_connection_is_still_recorded() {
+    // The store contract: "If the layer's future is dropped mid-operation, it spawns the
+    // pending future ... so the operation is not lost"; crate docs: "the step's future dropped
+    // (a caller's timeout) | released, on a task of its own". The pool is busy (one connection,
+    // held elsewhere) when the tool answers; the step's write waits for it, and the caller's
+    // timeout drops the step. The write is dropped with it: the record stays in progress for
+    // the lease, and the next attempt waits it out and sends the refund again.
+    let db = Db::new(1).await;
+    let lease = Duration::from_secs(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (called_tx, called) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (counted, answer) = (Arc::clone(&runs), Arc::clone(&go));
+    let steps = StepLayer::new(db.store.clone())
+        .lease(lease)
+        .layer(tower::service_fn(move |_req: http::Request<String>| {
+            let (runs, answer, called) =
+                (Arc::clone(&counted), Arc::clone(&answer), called_tx.clone());
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                if n == 0 {
+                    let _ = called.send(());
+                    answer.notified().await;
+                }
+                Ok::<_, BoxError>(Refunded { id: n as i64 })
+            }
+        }));
+    let mut called = called;
+    let first = tokio::spawn(steps.clone().oneshot(refund_step("run-2")));
+    called.recv().await.unwrap();
+    // The pool's one connection, busy elsewhere (the claim gave it back before the call).
+    let busy = db.store.pool().acquire().await.unwrap();
+    go.notify_one();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the write waits for `busy`
+    first.abort(); // the caller's timeout
+    assert!(first.await.unwrap_err().is_cancelled());
+    drop(busy);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let start = tokio::time::Instant::now();
+    let again = steps.oneshot(refund_step("run-2")).await.unwrap();
+    assert!(
+        again.is_replayed(),
+        "the tool's answer was lost with the dropped write: {again:?} after {:?}, {} tool runs",
+        start.elapsed(),
+        runs.load(SeqCst)
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
