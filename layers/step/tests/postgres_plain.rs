@@ -162,3 +162,38 @@ async fn a_step_dropped_while_its_result_waits_for_a_connection_is_still_recorde
     assert_eq!(runs.load(SeqCst), 1);
 }
 
+#[tokio::test]
+async fn an_unkeyed_step_killed_mid_call_is_settled_unknown_and_never_sent_again() {
+    // `tower_once_step::postgres`: an unkeyed step belongs in "a store that writes its claims
+    // (the plain PostgresStore, Redis)"; crate docs: "the process killed | ... an unkeyed
+    // call's mark stays, so the next owner settles it unknown".
+    let db = Db::new(8).await;
+    let lease = Duration::from_millis(600);
+    let (calls, hanging) = support::hanging_refunds();
+    support::kill_after(
+        StepLayer::new(db.store.clone())
+            .lease(lease)
+            .layer(hanging)
+            .oneshot(Step::new(
+                StepId::new("run-3", 2, "refund"),
+                support::post("40"),
+            )),
+        Duration::from_millis(200),
+    )
+    .await;
+    assert_eq!(calls.load(SeqCst), 1);
+    let (later_calls, later) = support::refunds();
+    let steps = StepLayer::new(db.store.clone()).lease(lease).layer(later);
+    for _ in 0..2 {
+        let err = steps
+            .clone()
+            .oneshot(Step::new(
+                StepId::new("run-3", 2, "refund"),
+                support::post("40"),
+            ))
+            .await
+            .unwrap_err();
+        assert!(err.is_unknown(), "{err:?}");
+    }
+    assert_eq!((calls.load(SeqCst), later_calls.load(SeqCst)), (1, 0));
+}
