@@ -264,3 +264,85 @@ async fn a_step_dropped_before_its_first_poll_claims_nothing() {
     assert!(!out.waited());
     assert_eq!((calls.load(SeqCst), later_calls.load(SeqCst)), (0, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_while_its_result_is_being_recorded_is_still_recorded() {
+    // Store contract: "If the layer's future is dropped mid-operation, it spawns the pending
+    // future on the current tokio runtime so the operation is not lost"; crate docs: "the
+    // step's future dropped (a caller's timeout) | released, on a task of its own". The tool
+    // answered, the step is writing its result (the store's connection is a moment away), and
+    // the caller's timeout drops it: the completion is dropped with it, the record stays in
+    // progress, and the next attempt waits out the whole lease and sends the call again.
+    let store = SlowReplies::new(Duration::from_millis(50));
+    let (calls, refunds) = support::slow_refunds(Duration::from_millis(900));
+    let steps = StepLayer::new(store.clone()).layer(refunds); // lease 10 s
+    let id = StepId::new("run-1", 2, "refund");
+
+    store.late(Late::Completions);
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(920), // the tool answers at 900 ms, the write lands at 950 ms
+        steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")).keyed()),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    assert_eq!(calls.load(SeqCst), 1, "the tool answered");
+    store.late(Late::Nothing);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let start = tokio::time::Instant::now();
+    let out = steps
+        .oneshot(Step::new(id, post("40")).keyed())
+        .await
+        .unwrap();
+    assert!(
+        out.is_replayed(),
+        "the answered call's result was lost with the dropped write: sent again after waiting {:?} (waited: {})",
+        start.elapsed(),
+        out.waited()
+    );
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_dropped_while_it_asks_the_downstream_is_released_and_keeps_its_mark() {
+    // "the step's future dropped | released, on a task of its own; an unkeyed call's sent
+    // mark stays, so the next attempt settles it": here the drop comes while the verify hook
+    // looks the timed-out call up downstream.
+    let (calls, refunds) = tool(|_: http::Request<String>, _| async move {
+        Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    });
+    let lookups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&lookups);
+    let steps = StepLayer::new(MemoryStore::new())
+        .verify(move |_: &StepId, _: std::time::SystemTime| {
+            let n = counted.fetch_add(1, SeqCst);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await; // the first lookup never answers
+                }
+                tower_once_step::Verified::<Refund>::Unknown
+            }
+        })
+        .layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let cut = tokio::time::timeout(
+        Duration::from_secs(1),
+        steps.clone().oneshot(Step::new(id.clone(), post("40"))),
+    )
+    .await;
+    assert!(cut.is_err(), "dropped during its lookup");
+    settle().await;
+
+    let start = tokio::time::Instant::now();
+    let err = steps.oneshot(Step::new(id, post("40"))).await.unwrap_err();
+    assert!(err.is_unknown(), "{err:?}");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "released, no lease to wait out"
+    );
+    assert_eq!((calls.load(SeqCst), lookups.load(SeqCst)), (1, 2));
+}

@@ -330,3 +330,113 @@ async fn a_tool_that_is_not_ready_fails_the_step_and_sends_nothing() {
         .unwrap_err();
     assert!(err.is_inner() && err.is_unsent(), "{err:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_refusal_is_released_with_its_mark_and_the_next_attempt_sends() {
+    // "a refusal (the classifier's Action::Stop: an upstream 4xx) | none: released; the step
+    // is not done": for a call that may not be sent twice too; its sent mark goes with it,
+    // so the fixed resend is sent, not settled unknown.
+    for statuses in [&[400, 201][..], &[409, 201], &[422, 201]] {
+        let statuses: &'static [u16] = Box::leak(statuses.to_vec().into_boxed_slice());
+        let (calls, refunds) = answering(statuses);
+        let steps = StepLayer::new(MemoryStore::new())
+            .classify(by_status)
+            .layer(refunds);
+        let id = StepId::new("run-1", 2, "refund");
+        let first = steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")))
+            .await
+            .unwrap();
+        assert!(!first.is_recorded() && first.value().status == statuses[0]);
+        let second = steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")))
+            .await
+            .unwrap();
+        assert!(second.is_recorded() && !second.waited(), "{statuses:?}");
+        assert!(steps
+            .oneshot(Step::new(id, post("40")))
+            .await
+            .unwrap()
+            .is_replayed());
+        assert_eq!(calls.load(SeqCst), 2, "{statuses:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_post_answered_429_by_a_classifier_that_retries_it_is_unknown() {
+    // The crate's own `classify` example retries a 429: "an answer that may have had its
+    // effect (Action::Retry or InProgress: a 5xx, a 429), policy Refuse | ... without one:
+    // unknown, recorded".
+    let (calls, refunds) = answering(&[429, 201]);
+    let steps = StepLayer::new(MemoryStore::new())
+        .classify(|outcome: &Outcome| match outcome {
+            Ok(r) if r.status < 300 => Action::Success,
+            Ok(r) if r.status >= 500 || r.status == 429 => Action::Retry { after: None },
+            Ok(_) => Action::Stop,
+            Err(_) => Action::Retry { after: None },
+        })
+        .layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    for _ in 0..2 {
+        let err = steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")))
+            .await
+            .unwrap_err();
+        assert!(err.is_unknown(), "{err:?}");
+    }
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_5xx_is_looked_up_released_when_not_found_and_recorded_when_found() {
+    use tower_once_step::Verified;
+    for found in [false, true] {
+        let (calls, refunds) = answering(&[502, 201]);
+        let lookups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&lookups);
+        let steps = StepLayer::new(MemoryStore::new())
+            .classify(by_status)
+            .verify(move |_: &StepId, _: std::time::SystemTime| {
+                counted.fetch_add(1, SeqCst);
+                std::future::ready(if found {
+                    Verified::Happened(Refund {
+                        status: 201,
+                        call: 99,
+                    })
+                } else {
+                    Verified::NotHappened
+                })
+            })
+            .layer(refunds);
+        let id = StepId::new("run-1", 2, "refund");
+        let first = steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("40")))
+            .await
+            .unwrap();
+        if found {
+            assert!(first.is_verified() && first.value().call == 99, "{first:?}");
+        } else {
+            assert!(!first.is_recorded() && first.value().status == 502);
+        }
+        let second = steps
+            .oneshot(Step::new(id.clone(), post("40")))
+            .await
+            .unwrap();
+        if found {
+            assert!(second.is_replayed() && second.value().call == 99);
+            assert_eq!(calls.load(SeqCst), 1, "found: never sent again");
+        } else {
+            assert!(second.is_recorded() && !second.is_replayed());
+            assert_eq!(
+                calls.load(SeqCst),
+                2,
+                "not found: its mark went, sent again"
+            );
+        }
+        assert_eq!(lookups.load(SeqCst), 1);
+    }
+}

@@ -117,3 +117,61 @@ async fn a_result_the_memory_store_cannot_hold_is_never_sent_again() {
     }
     assert_eq!(calls.load(SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn sent_marks_that_fill_the_memory_store_refuse_unkeyed_steps_and_send_nothing() {
+    // Costs: "An unkeyed step's sent mark stays for the retention, an in-progress claim that
+    // no store drops to make room ...: on the memory store, size max_entries for the unkeyed
+    // steps of a retention". The memory store: "when every entry is in progress the claim
+    // fails with StoreError::full". Past that size: done records are evicted for marks (their
+    // steps, repeated, are settled unknown: Known limits), then every fresh unkeyed step fails
+    // closed with nothing sent, until the marks' retention ends. A keyed step still runs in
+    // the one entry left, and its record goes with the next claim (Known limits: it runs again
+    // with its key).
+    let store = MemoryStore::builder().max_entries(8).build();
+    let (calls, tool_) = refunds();
+    let steps = StepLayer::new(store.clone()).layer(tool_);
+    let refund = |run: usize| Step::new(StepId::new(format!("run-{run}"), 2, "refund"), post("40"));
+    let mut refused_at = None;
+    for run in 0..16 {
+        tokio::time::advance(Duration::from_secs(60)).await;
+        match steps.clone().oneshot(refund(run)).await {
+            Ok(out) => assert!(out.is_recorded(), "run {run}: {out:?}"),
+            Err(err) => {
+                assert!(err.is_store(), "run {run}: {err:?}");
+                refused_at.get_or_insert(run);
+            }
+        }
+    }
+    let refused_at = refused_at.expect("the marks filled the store");
+    assert_eq!(refused_at, 7, "seven marks and one entry for a record");
+    assert_eq!(
+        calls.load(SeqCst),
+        refused_at,
+        "a refused step sent nothing"
+    );
+    // The first refund's record made room for a mark: repeated, it is unknown, never sent.
+    let err = steps.clone().oneshot(refund(0)).await.unwrap_err();
+    assert!(err.is_unknown(), "{err:?}");
+
+    let keyed = Step::new(StepId::new("run-99", 1, "lookup"), post("1")).keyed();
+    assert!(steps
+        .clone()
+        .oneshot(keyed.clone())
+        .await
+        .unwrap()
+        .is_recorded());
+    let err = steps.clone().oneshot(refund(50)).await.unwrap_err();
+    assert!(err.is_store(), "{err:?}");
+    let again = steps.clone().oneshot(keyed.clone()).await.unwrap();
+    assert!(
+        !again.is_replayed(),
+        "its record made room for the refused claim"
+    );
+    assert_eq!(calls.load(SeqCst), refused_at + 2);
+
+    // Once the marks' retention (7 days) has passed, unkeyed steps run again.
+    tokio::time::advance(tower_once_step::DEFAULT_RETENTION).await;
+    assert!(steps.oneshot(refund(50)).await.unwrap().is_recorded());
+    assert_eq!(calls.load(SeqCst), refused_at + 3);
+}

@@ -2,7 +2,9 @@
 //! docs of `tower_once_step::postgres`): one commit for the effect and the result; an error
 //! before the commit leaves neither and the step runs again at once; a tool frozen past its
 //! lease is ended by Postgres and never commits after another owner took the step over; an
-//! unkeyed step that could not be made safe on a transactional store is refused.
+//! unkeyed step that could not be made safe on a transactional store is refused. And tools that
+//! use the transaction wrongly or unusually: committing twice, with another step's claim, not at
+//! all, before failing; at SERIALIZABLE; with a savepoint; with an effect outside Postgres.
 #![cfg(feature = "postgres")]
 
 use serde::{Deserialize, Serialize};
@@ -36,8 +38,13 @@ struct Db {
 
 impl Db {
     async fn new() -> Self {
+        Self::with(sqlx::postgres::PgPoolOptions::new()).await
+    }
+
+    /// On a pool of its own options (a connection setting, say).
+    async fn with(options: sqlx::postgres::PgPoolOptions) -> Self {
         let schema = Schema::create();
-        let pool = sqlx::postgres::PgPoolOptions::new()
+        let pool = options
             .max_connections(8)
             .connect(&database_url())
             .await
@@ -211,4 +218,466 @@ async fn an_unkeyed_post_that_may_not_be_sent_twice_is_refused_on_a_transactiona
     let refused = steps.oneshot(step).await.unwrap_err();
     assert!(refused.is_misused(), "{refused}");
     assert_eq!(runs.load(SeqCst), 0, "nothing sent");
+}
+
+// ---- Tools that use the step's transaction in other ways. ----
+
+/// The step's claim, from the tool's request.
+fn claim_of(req: &http::Request<String>) -> Result<Claim<PostgresStore>, BoxError> {
+    Ok(req
+        .extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or("no claim")?)
+}
+
+/// The refund, written on `conn` (the step's transaction, or a savepoint in it).
+async fn insert_refund(
+    schema: &str,
+    conn: &mut sqlx::PgConnection,
+    amount: i64,
+) -> Result<Refunded, BoxError> {
+    let (id,): (i64,) = sqlx::query_as(&format!(
+        "INSERT INTO {schema}.refunds (amount) VALUES ($1) RETURNING id"
+    ))
+    .bind(amount)
+    .fetch_one(conn)
+    .await?;
+    Ok(Refunded { id })
+}
+
+#[tokio::test]
+async fn a_tool_that_commits_then_tries_to_commit_again_records_once() {
+    let db = Db::new().await;
+    let (schema, runs, refused) = (
+        db.schema.name.clone(),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (counted, misused) = (Arc::clone(&runs), Arc::clone(&refused));
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs, misused) =
+                (schema.clone(), Arc::clone(&counted), Arc::clone(&misused));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let first = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &first).await?;
+                // A second effect, a second commit: the claim's transaction is gone.
+                match claim.transaction().await {
+                    Err(e) if e.is_misused() => misused.fetch_add(1, SeqCst),
+                    other => panic!("a second transaction: {other:?}"),
+                };
+                Ok::<_, BoxError>(first)
+            }
+        },
+    ));
+    let first = steps.clone().oneshot(refund_step("run-5")).await.unwrap();
+    assert!(first.is_recorded());
+    let again = steps.oneshot(refund_step("run-5")).await.unwrap();
+    assert!(again.is_replayed() && again.value() == first.value());
+    assert_eq!(
+        (runs.load(SeqCst), refused.load(SeqCst), db.refunds().await),
+        (1, 1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_tool_that_commits_with_another_steps_claim_commits_nothing() {
+    // `Claim::commit`: "[`ClaimError::is_misused`] when `tx` is another claim's". A tool that
+    // kept the claim of an earlier step (run-a) commits run-b's transaction with it.
+    let db = Db::new().await;
+    let schema = db.schema.name.clone();
+    let kept: Arc<std::sync::Mutex<Option<Claim<PostgresStore>>>> = Default::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (stash, counted) = (Arc::clone(&kept), Arc::clone(&runs));
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, stash, runs) = (schema.clone(), Arc::clone(&stash), Arc::clone(&counted));
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                let earlier = stash.lock().unwrap().replace(claim.clone());
+                let with = match (n, earlier) {
+                    (1, Some(earlier)) => earlier, // run-b's first attempt
+                    _ => claim,
+                };
+                tower_once_step::postgres::commit(&with, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        },
+    ));
+    assert!(steps
+        .clone()
+        .oneshot(refund_step("run-a"))
+        .await
+        .unwrap()
+        .is_recorded());
+    let err = steps
+        .clone()
+        .oneshot(refund_step("run-b"))
+        .await
+        .unwrap_err();
+    assert!(err.is_inner(), "{err}");
+    let cause = err
+        .inner_error()
+        .unwrap()
+        .downcast_ref::<tower_once_idempotency::ClaimError>();
+    assert!(cause.is_some_and(|c| c.is_misused()), "{err}");
+    assert_eq!(db.refunds().await, 1, "run-b's refund rolled back");
+    let retried = tokio::time::timeout(
+        Duration::from_secs(5),
+        steps.clone().oneshot(refund_step("run-b")),
+    )
+    .await
+    .expect("free at once")
+    .unwrap();
+    assert!(retried.is_recorded());
+    for run in ["run-a", "run-b"] {
+        assert!(steps
+            .clone()
+            .oneshot(refund_step(run))
+            .await
+            .unwrap()
+            .is_replayed());
+    }
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (3, 2));
+}
+
+#[tokio::test]
+async fn a_tool_that_returns_ok_without_committing_leaves_nothing_and_runs_again_at_once() {
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .lease(Duration::from_secs(30))
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                if n == 0 {
+                    drop(tx); // forgot to commit
+                } else {
+                    tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                }
+                Ok::<_, BoxError>(refunded)
+            }
+        }));
+    let first = steps.clone().oneshot(refund_step("run-6")).await.unwrap();
+    assert!(
+        !first.is_recorded(),
+        "its transaction rolled back: {first:?}"
+    );
+    assert_eq!(db.refunds().await, 0);
+    let second = tokio::time::timeout(
+        Duration::from_secs(5),
+        steps.clone().oneshot(refund_step("run-6")),
+    )
+    .await
+    .expect("free at once")
+    .unwrap();
+    assert!(second.is_recorded() && !second.is_replayed());
+    assert!(steps
+        .oneshot(refund_step("run-6"))
+        .await
+        .unwrap()
+        .is_replayed());
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (2, 1));
+}
+
+#[tokio::test]
+async fn a_tool_that_fails_after_its_commit_is_replayed_and_never_run_again() {
+    // The refund and the result committed; then the tool fails (its answer to the agent could
+    // not be built, say). The step returns the tool's error, and the committed step replays:
+    // the refund is never made twice.
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Err::<Refunded, BoxError>("committed, then the answer failed".into())
+            }
+        },
+    ));
+    let err = steps
+        .clone()
+        .oneshot(refund_step("run-7"))
+        .await
+        .unwrap_err();
+    assert!(err.is_inner(), "{err}");
+    let again = steps.oneshot(refund_step("run-7")).await.unwrap();
+    assert!(again.is_replayed(), "{again:?}");
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (1, 1));
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Answer {
+    status: u16,
+    id: i64,
+}
+
+#[tokio::test]
+async fn an_answer_the_classifier_refuses_is_never_replayed_even_when_the_tool_committed_it() {
+    // DESIGN, Durable steps: "Only successes are stored; an upstream 409/429/4xx/5xx is never a
+    // tool's result"; `StepOutput::is_recorded`: `false` "for an answer the classifier does not
+    // call a success ..., which is returned as it is and never stored: the step is not done,
+    // and a later attempt calls again". The tool commits its answer (`postgres::commit` knows
+    // no classifier; `Claim::commit` applies the idempotency layer's `store_when`), the step
+    // says it was not recorded, and the next attempt replays the 503 as the step's result.
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .classify(|outcome: &Result<Answer, BoxError>| match outcome {
+            Ok(a) if a.status < 300 => tower_once_core::classify::Action::Success,
+            Ok(a) if a.status >= 500 => tower_once_core::classify::Action::Retry { after: None },
+            _ => tower_once_core::classify::Action::Stop,
+        })
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let Refunded { id } = insert_refund(&schema, &mut tx, 40).await?;
+                let answer = Answer { status: 503, id };
+                tower_once_step::postgres::commit(&claim, tx, &answer).await?;
+                Ok::<_, BoxError>(answer)
+            }
+        }));
+    let first = steps.clone().oneshot(refund_step("run-8")).await.unwrap();
+    assert!(!first.is_recorded(), "{first:?}");
+    let second = steps.oneshot(refund_step("run-8")).await.unwrap();
+    assert!(
+        !second.is_replayed(),
+        "the 503 the step called not recorded is replayed as its result: {second:?} \
+         (tool runs {}, refunds {})",
+        runs.load(SeqCst),
+        db.refunds().await
+    );
+}
+
+#[tokio::test]
+async fn a_result_over_the_limit_that_the_tool_commits_is_not_stored() {
+    // `StepLayer::result_limit`: "The largest encoded result stored (1 MiB by default): a larger
+    // one is returned, not stored, and the step is not done." `postgres::commit` knows no limit
+    // (it stores up to the idempotency layer's default response limit).
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .result_limit(4)
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        }));
+    let first = steps.clone().oneshot(refund_step("run-9")).await.unwrap();
+    let again = steps.oneshot(refund_step("run-9")).await.unwrap();
+    assert!(
+        !first.is_recorded() && !again.is_replayed(),
+        "a result over the 4-byte limit was stored: first {first:?}, then {again:?}"
+    );
+}
+
+#[tokio::test]
+async fn at_serializable_a_conflict_rolls_back_and_each_step_commits_once() {
+    // `Claim::commit`: fails, nothing committed, with `is_store` on "a serialization failure at
+    // SERIALIZABLE included: the retry runs the handler again". Every transaction SERIALIZABLE
+    // (the pool's setting: the claim's `BEGIN` comes before the tool could say so). Two refunds
+    // of two runs each read the refunds table, then write: one of them must fail.
+    let options = sqlx::postgres::PgPoolOptions::new().after_connect(|conn, _| {
+        Box::pin(async move {
+            sqlx::Executor::execute(conn, "SET default_transaction_isolation TO 'serializable'")
+                .await
+                .map(drop)
+        })
+    });
+    let db = Db::with(options).await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let both_read = Arc::new(tokio::sync::Barrier::new(2));
+    let (counted, barrier) = (Arc::clone(&runs), Arc::clone(&both_read));
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs, barrier) =
+                (schema.clone(), Arc::clone(&counted), Arc::clone(&barrier));
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let total: i64 =
+                    sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.refunds"))
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if n < 2 {
+                    barrier.wait().await; // both first attempts have read
+                }
+                let refunded = insert_refund(&schema, &mut tx, 40 + total).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        },
+    ));
+    let (a, b) = tokio::join!(
+        steps.clone().oneshot(refund_step("run-a")),
+        steps.clone().oneshot(refund_step("run-b")),
+    );
+    let failed: Vec<_> = [&a, &b]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    assert_eq!(failed.len(), 1, "one of them conflicts: {a:?} {b:?}");
+    assert!(failed[0].is_inner(), "{}", failed[0]);
+    assert_eq!(db.refunds().await, 1, "the conflicting refund rolled back");
+    for run in ["run-a", "run-b"] {
+        let out = steps.clone().oneshot(refund_step(run)).await.unwrap();
+        assert!(out.is_recorded(), "{run}: {out:?}");
+    }
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (3, 2));
+}
+
+#[tokio::test]
+async fn an_effect_rolled_back_to_a_savepoint_stays_rolled_back_and_the_rest_commits() {
+    // `ClaimTransaction`: "Savepoints work as on any connection". The tool tries a refund in a
+    // savepoint, rolls it back, makes another, and commits: one refund, and the step replays.
+    let db = Db::new().await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                {
+                    let mut savepoint = sqlx::Acquire::begin(&mut *tx).await?;
+                    insert_refund(&schema, &mut savepoint, 999).await?;
+                    savepoint.rollback().await?;
+                }
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                Ok::<_, BoxError>(refunded)
+            }
+        },
+    ));
+    let first = steps.clone().oneshot(refund_step("run-10")).await.unwrap();
+    assert!(first.is_recorded());
+    let again = steps.oneshot(refund_step("run-10")).await.unwrap();
+    assert!(again.is_replayed() && again.value() == first.value());
+    let amounts: Vec<i64> =
+        sqlx::query_scalar(&format!("SELECT amount FROM {}.refunds", db.schema.name))
+            .fetch_all(db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!((runs.load(SeqCst), amounts), (1, vec![40]));
+}
+
+type Sent = Arc<std::sync::Mutex<Vec<Option<String>>>>;
+
+/// A tool that calls the payments API (the HTTP effect, kept in `sent` with its key), then
+/// writes its refund on the step's transaction; its first attempt fails before the commit.
+fn calls_out_then_commits(
+    schema: String,
+    sent: Sent,
+    runs: Arc<AtomicUsize>,
+) -> impl Service<http::Request<String>, Response = Refunded, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    tower::service_fn(move |req: http::Request<String>| {
+        let (schema, sent, runs) = (schema.clone(), Arc::clone(&sent), Arc::clone(&runs));
+        async move {
+            let n = runs.fetch_add(1, SeqCst);
+            let key = req.headers().get("idempotency-key");
+            sent.lock()
+                .unwrap()
+                .push(key.map(|k| k.to_str().unwrap().to_owned()));
+            let claim = claim_of(&req)?;
+            let mut tx = claim.transaction().await?;
+            let refunded = insert_refund(&schema, &mut tx, 40).await?;
+            if n == 0 {
+                return Err("the ledger write failed after the payments call".into());
+            }
+            tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+            Ok(refunded)
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_keyed_transactional_tool_that_calls_out_sends_again_with_its_key() {
+    let db = Db::new().await;
+    let (sent, runs): (Sent, _) = (Default::default(), Arc::new(AtomicUsize::new(0)));
+    let steps = StepLayer::new(db.store.clone()).layer(calls_out_then_commits(
+        db.schema.name.clone(),
+        Arc::clone(&sent),
+        Arc::clone(&runs),
+    ));
+    let step = || {
+        let request = http::Request::post("/refunds")
+            .body("40".to_owned())
+            .unwrap();
+        Step::new(StepId::new("run-11", 2, "refund"), request).keyed()
+    };
+    assert!(steps.clone().oneshot(step()).await.unwrap_err().is_inner());
+    assert!(steps.clone().oneshot(step()).await.unwrap().is_recorded());
+    assert!(steps.oneshot(step()).await.unwrap().is_replayed());
+    let key = Some(step().idempotency_key());
+    assert_eq!(*sent.lock().unwrap(), vec![key.clone(), key]);
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (2, 1));
+}
+
+#[tokio::test]
+async fn nothing_of_a_failed_transactional_attempt_survives_its_retry() {
+    // `tower_once_step::postgres`: "Such a step is safe to run again (nothing of a failed
+    // attempt survives), so make it OnUnknown::RunAgain"; an unkeyed POST is refused on a
+    // transactional store "unless" so marked. A tool that takes the transaction and also
+    // calls out (the payments API, before its ledger write): the first attempt's call
+    // survives its rollback, and the RunAgain retry sends it again, with no key.
+    let db = Db::new().await;
+    let (sent, runs): (Sent, _) = (Default::default(), Arc::new(AtomicUsize::new(0)));
+    let steps = StepLayer::new(db.store.clone()).layer(calls_out_then_commits(
+        db.schema.name.clone(),
+        Arc::clone(&sent),
+        Arc::clone(&runs),
+    ));
+    assert!(steps
+        .clone()
+        .oneshot(refund_step("run-12"))
+        .await
+        .unwrap_err()
+        .is_inner());
+    let retried = steps.oneshot(refund_step("run-12")).await.unwrap();
+    assert!(retried.is_recorded());
+    assert_eq!(
+        db.refunds().await,
+        1,
+        "the ledger rolled back and was written once"
+    );
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the payments call of the failed attempt survived and was sent again: {sent:?}"
+    );
 }

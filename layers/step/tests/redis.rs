@@ -262,3 +262,52 @@ async fn a_result_kept_in_redis_round_trips_through_json() {
     assert_eq!(again.value(), first.value());
     assert_eq!(calls.load(SeqCst), 1);
 }
+
+/// `redis-cli` against `server`: the test's admin, as an operator's would be.
+fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli is on PATH with redis-server");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test]
+async fn a_done_unkeyed_step_that_redis_evicted_is_settled_unknown_not_sent_again() {
+    // Known limits: "a store that drops records to make room (the memory store at its bounds,
+    // a Redis with an eviction policy) can drop a done step's result; a keyed step then runs
+    // again with its key, an unkeyed one is settled unknown"; Costs: the sent mark is "an
+    // in-progress claim that no store drops to make room". A Redis under memory pressure with
+    // an eviction policy (allkeys-lru; volatile-lru alike, every step key has a TTL) evicts
+    // the mark with the record, and the unkeyed refund is sent again.
+    let server = RedisServer::start_with(
+        tower_once_test_support::ports::free_port(),
+        &["--maxmemory-policy", "allkeys-lru"],
+    );
+    let (calls, refunds) = refunds();
+    let steps = StepLayer::new(connect(&server).await).layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    let done = steps
+        .clone()
+        .oneshot(Step::new(id.clone(), post("40")))
+        .await
+        .unwrap();
+    assert!(done.is_recorded());
+    let before: u64 = redis_cli(&server, &["DBSIZE"]).parse().unwrap();
+    assert!(before >= 2, "the record and the mark ({before} keys)");
+
+    // Memory runs short: Redis evicts what its policy allows, then the limit is lifted.
+    redis_cli(&server, &["CONFIG", "SET", "maxmemory", "1"]);
+    redis_cli(&server, &["SET", "pressure", "x"]);
+    redis_cli(&server, &["CONFIG", "SET", "maxmemory", "0"]);
+    let after = redis_cli(&server, &["DBSIZE"]);
+
+    let again = steps.oneshot(Step::new(id, post("40"))).await;
+    assert_eq!(
+        calls.load(SeqCst),
+        1,
+        "the done refund was sent again ({before} keys before the eviction, {after} after): \
+         {again:?}"
+    );
+}

@@ -431,3 +431,34 @@ async fn an_unkeyed_call_left_unknown_is_not_sent_again_by_a_keyed_attempt() {
     );
     assert!(after_deploy.unwrap_err().is_unknown());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_call_killed_after_running_longer_than_the_retention_is_never_sent_again() {
+    // "the process killed | the claim ends with its lease; an unkeyed call's mark stays, so
+    // the next owner settles it unknown"; Costs: the mark "stays for the retention", and to
+    // bound the memory store, "size max_entries ... (or shorten it)". With the retention
+    // shortened to a minute, a tool call that runs for 90 s (a long code run, a report) keeps
+    // its record claimed by renewals, but its mark is a claim of the retention's length that
+    // nothing renews: gone at 60 s. The owner is killed at 90 s, and the next owner, finding
+    // no mark, sends the call again.
+    let (calls, _, refunds) = first_call_hangs();
+    let steps = StepLayer::new(MemoryStore::new())
+        .lease(LEASE)
+        .retention(Duration::from_secs(60))
+        .layer(refunds);
+    let id = StepId::new("run-1", 2, "refund");
+    kill_after(
+        steps.clone().oneshot(Step::new(id.clone(), post("40"))),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(calls.load(SeqCst), 1, "the killed process sent the refund");
+
+    let again = steps.oneshot(Step::new(id, post("40"))).await;
+    assert_eq!(
+        calls.load(SeqCst),
+        1,
+        "sent a second time: its mark expired while the call ran: {again:?}"
+    );
+    assert!(again.unwrap_err().is_unknown());
+}

@@ -308,3 +308,117 @@ async fn a_waiter_looks_again_soon_after_the_owner_finishes() {
     owner.await.unwrap().unwrap();
     assert_eq!(calls.load(SeqCst), 1);
 }
+
+/// A refunds tool whose first call never answers and whose later calls answer at once.
+fn first_call_hangs() -> (
+    support::Calls,
+    impl tower::Service<
+            http::Request<String>,
+            Response = support::Refund,
+            Error = std::io::Error,
+            Future = impl Send,
+        > + Clone
+        + Send,
+) {
+    support::tool(|_: http::Request<String>, call| async move {
+        if call == 0 {
+            std::future::pending::<()>().await;
+        }
+        Ok(support::Refund { status: 201, call })
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_call_on_a_step_bounds_the_wait_for_a_dead_owner() {
+    // `Deadline::call`: "the way a caller gives a call its deadline": the step (a `Carrier`)
+    // carries it on its request and the call runs in its scope. Shorter than the dead owner's
+    // lease: nothing sent, in progress at the deadline; a later call whose deadline reaches
+    // past the lease takes the step over (keyed: sent again with its key).
+    let (calls, refunds) = first_call_hangs();
+    let mut steps = StepLayer::new(MemoryStore::new()).layer(refunds); // lease 10 s
+    let id = StepId::new("run-1", 2, "refund");
+    kill_after(
+        steps
+            .clone()
+            .oneshot(Step::new(id.clone(), post("1")).keyed()),
+        Duration::from_millis(5),
+    )
+    .await;
+
+    let deadline = Deadline::after(Duration::from_secs(3));
+    let step = Step::new(id.clone(), post("1")).keyed();
+    let err = deadline
+        .call(steps.ready().await.unwrap(), step)
+        .await
+        .unwrap_err();
+    assert!(err.is_in_progress(), "{err:?}");
+    assert_eq!(Instant::now(), deadline.instant());
+    assert_eq!(calls.load(SeqCst), 1);
+
+    let deadline = Deadline::after(Duration::from_secs(30));
+    let step = Step::new(id, post("1")).keyed();
+    let out = deadline
+        .call(steps.ready().await.unwrap(), step)
+        .await
+        .unwrap();
+    assert!(out.waited() && out.is_recorded());
+    assert!(Instant::now() < deadline.instant());
+    assert_eq!(calls.load(SeqCst), 2, "taken over once the lease ended");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_call_on_a_step_without_extensions_bounds_the_wait_in_scope() {
+    // A request type of the caller's own carries nothing: `Deadline::call` puts the deadline
+    // in scope, and that bounds the wait, behind a `Buffer` too.
+    let (calls, lookups) = hanging_refunds();
+    let steps = StepLayer::new(MemoryStore::new()).layer(lookups);
+    let id = StepId::new("run-1", 2, "lookup");
+    let owner = tokio::spawn(steps.clone().oneshot(Step::new(id.clone(), Lookup("A7"))));
+    tokio::task::yield_now().await;
+
+    let mut direct = steps.clone();
+    let deadline = Deadline::after(Duration::from_secs(2));
+    let err = deadline
+        .call(
+            direct.ready().await.unwrap(),
+            Step::new(id.clone(), Lookup("A7")),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_in_progress(), "{err:?}");
+    assert_eq!(Instant::now(), deadline.instant());
+
+    let mut buffered = tower::buffer::Buffer::new(steps, 8);
+    let deadline = Deadline::after(Duration::from_secs(2));
+    let err = deadline
+        .call(buffered.ready().await.unwrap(), Step::new(id, Lookup("A7")))
+        .await
+        .unwrap_err();
+    let err = err
+        .downcast::<tower_once_step::StepError<std::io::Error>>()
+        .unwrap();
+    assert!(err.is_in_progress(), "{err:?}");
+    assert_eq!(Instant::now(), deadline.instant());
+    assert_eq!(calls.load(SeqCst), 1);
+    owner.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_call_on_a_step_carries_the_deadline_to_the_tool() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = std::sync::Arc::clone(&seen);
+    let (calls, tool_) = support::tool(move |req: http::Request<String>, call| {
+        record.lock().unwrap().push(Deadline::carried(&req));
+        async move { Ok::<_, std::io::Error>(support::Refund { status: 201, call }) }
+    });
+    let mut steps = StepLayer::new(MemoryStore::new()).layer(tool_);
+    let deadline = Deadline::after(Duration::from_secs(5));
+    let step = Step::new(StepId::new("run-1", 2, "refund"), post("1")).keyed();
+    let out = deadline
+        .call(steps.ready().await.unwrap(), step)
+        .await
+        .unwrap();
+    assert!(out.is_recorded());
+    assert_eq!(*seen.lock().unwrap(), vec![Some(deadline)]);
+    assert_eq!(calls.load(SeqCst), 1);
+}

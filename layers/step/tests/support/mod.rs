@@ -203,6 +203,11 @@ pub enum Late {
     RecordClaims,
     /// Claims of a step's "sent" mark.
     MarkClaims,
+    /// Completions (a step's result, or its unknown outcome): each takes effect `delay` after
+    /// its future is first polled, as a write behind a pool's busy connection does (the
+    /// Postgres store's futures acquire a connection first), and never if the future is
+    /// dropped before. The store contract asks the layer to finish what it drops.
+    Completions,
 }
 
 /// A memory store behind a slow network: each claim takes effect when it is first polled (as
@@ -214,7 +219,8 @@ pub struct SlowReplies {
     pub inner: MemoryStore,
     delay: Duration,
     late: Arc<std::sync::Mutex<Late>>,
-    /// Set once a late claim has taken effect (its reply still on the way).
+    /// Set once a late claim has taken effect (its reply still on the way), or a late
+    /// completion has.
     pub landed: Arc<AtomicBool>,
 }
 
@@ -239,7 +245,7 @@ fn is_mark(fingerprint: &Fingerprint) -> bool {
 
 impl IdempotencyStore for SlowReplies {
     type ClaimFuture = StoreFuture<ClaimOutcome>;
-    type CompleteFuture = <MemoryStore as IdempotencyStore>::CompleteFuture;
+    type CompleteFuture = StoreFuture<bool>;
     type ReleaseFuture = <MemoryStore as IdempotencyStore>::ReleaseFuture;
     type ExtendFuture = <MemoryStore as IdempotencyStore>::ExtendFuture;
 
@@ -251,7 +257,7 @@ impl IdempotencyStore for SlowReplies {
         lease: Duration,
     ) -> Self::ClaimFuture {
         let late = match *self.late.lock().unwrap() {
-            Late::Nothing => false,
+            Late::Nothing | Late::Completions => false,
             Late::RecordClaims => !is_mark(&fingerprint),
             Late::MarkClaims => is_mark(&fingerprint),
         };
@@ -274,7 +280,15 @@ impl IdempotencyStore for SlowReplies {
         completion: Completion,
         retention: Duration,
     ) -> Self::CompleteFuture {
-        self.inner.complete(key, token, completion, retention)
+        let late = *self.late.lock().unwrap() == Late::Completions;
+        let (inner, delay, landed) = (self.inner.clone(), self.delay, Arc::clone(&self.landed));
+        Box::pin(async move {
+            if late {
+                tokio::time::sleep(delay).await;
+                landed.store(true, SeqCst);
+            }
+            inner.complete(key, token, completion, retention).await
+        })
     }
 
     fn release(&self, key: StoreKey, token: ClaimToken) -> Self::ReleaseFuture {

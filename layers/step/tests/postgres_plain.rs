@@ -1,0 +1,199 @@
+//! Steps kept in a plain (not transactional) `PostgresStore`: a store "that writes its claims"
+//! (`tower_once_step::postgres`: keep unkeyed steps there), whose result is a write after the
+//! call (crate docs, Known limits). The step still hands its tool a `Claim` in the request's
+//! extensions (the store completes in transaction), undocumented for steps: what a tool that
+//! uses it gets. And a step dropped while its write waits for a pooled connection (the store
+//! contract: a layer finishes the operations it drops). Real time (Postgres's clock and pool);
+//! effects counted as tool runs and rows.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{BoxError, Layer, ServiceExt};
+use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
+use tower_once_idempotency::Claim;
+use tower_once_step::{Step, StepId, StepLayer};
+use tower_once_test_support::postgres::{database_url, Schema};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Refunded {
+    id: i64,
+}
+
+struct Db {
+    schema: Schema,
+    store: PostgresStore,
+}
+
+impl Db {
+    async fn new(connections: u32) -> Self {
+        let schema = Schema::create();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections)
+            .connect(&database_url())
+            .await
+            .unwrap();
+        let store = PostgresStore::new(pool)
+            .table(&format!("{}.steps", schema.name))
+            .unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE {}.refunds (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
+            schema.name
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Self { schema, store }
+    }
+
+    async fn refunds(&self) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.refunds",
+            self.schema.name
+        ))
+        .fetch_one(self.store.pool())
+        .await
+        .unwrap()
+    }
+}
+
+fn refund_step(run: &str) -> Step<http::Request<String>> {
+    let request = http::Request::post("/refunds")
+        .body(String::from("40"))
+        .unwrap();
+    Step::new(StepId::new(run, 2, "refund"), request)
+        .arguments("40")
+        .keyed()
+}
+
+#[tokio::test]
+async fn a_tool_that_completes_the_claim_it_was_handed_has_its_result_replayed() {
+    // Crate docs: "done, same arguments | nothing sent | the stored result". The tool finds a
+    // `Claim` in its request and does what `Claim` documents for a job's claim on this store:
+    // `complete_in(&mut tx)` with its effect, then commit. The step reads the record that
+    // committed and says the call is recorded; what it committed is the job layer's empty
+    // "done", not the tool's result, and every replay is a codec error.
+    let db = Db::new(8).await;
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
+        move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = req
+                    .extensions()
+                    .get::<Claim<PostgresStore>>()
+                    .cloned()
+                    .ok_or("no claim")?;
+                let mut tx = claim.store().pool().begin().await?;
+                let (id,): (i64,) = sqlx::query_as(&format!(
+                    "INSERT INTO {schema}.refunds (amount) VALUES (40) RETURNING id"
+                ))
+                .fetch_one(&mut *tx)
+                .await?;
+                claim.complete_in(&mut tx).await?;
+                tx.commit().await?;
+                Ok::<_, BoxError>(Refunded { id })
+            }
+        },
+    ));
+    let first = steps.clone().oneshot(refund_step("run-1")).await.unwrap();
+    assert!(first.is_recorded(), "{first:?}");
+    let again = steps.oneshot(refund_step("run-1")).await;
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (1, 1));
+    let again = again.expect("the recorded step replays");
+    assert_eq!(again.value(), first.value());
+}
+
+#[tokio::test]
+async fn a_step_dropped_while_its_result_waits_for_a_connection_is_still_recorded() {
+    // The store contract: "If the layer's future is dropped mid-operation, it spawns the
+    // pending future ... so the operation is not lost"; crate docs: "the step's future dropped
+    // (a caller's timeout) | released, on a task of its own". The pool is busy (one connection,
+    // held elsewhere) when the tool answers; the step's write waits for it, and the caller's
+    // timeout drops the step. The write is dropped with it: the record stays in progress for
+    // the lease, and the next attempt waits it out and sends the refund again.
+    let db = Db::new(1).await;
+    let lease = Duration::from_secs(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (called_tx, called) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (counted, answer) = (Arc::clone(&runs), Arc::clone(&go));
+    let steps = StepLayer::new(db.store.clone())
+        .lease(lease)
+        .layer(tower::service_fn(move |_req: http::Request<String>| {
+            let (runs, answer, called) =
+                (Arc::clone(&counted), Arc::clone(&answer), called_tx.clone());
+            async move {
+                let n = runs.fetch_add(1, SeqCst);
+                if n == 0 {
+                    let _ = called.send(());
+                    answer.notified().await;
+                }
+                Ok::<_, BoxError>(Refunded { id: n as i64 })
+            }
+        }));
+    let mut called = called;
+    let first = tokio::spawn(steps.clone().oneshot(refund_step("run-2")));
+    called.recv().await.unwrap();
+    // The pool's one connection, busy elsewhere (the claim gave it back before the call).
+    let busy = db.store.pool().acquire().await.unwrap();
+    go.notify_one();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the write waits for `busy`
+    first.abort(); // the caller's timeout
+    assert!(first.await.unwrap_err().is_cancelled());
+    drop(busy);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let start = tokio::time::Instant::now();
+    let again = steps.oneshot(refund_step("run-2")).await.unwrap();
+    assert!(
+        again.is_replayed(),
+        "the tool's answer was lost with the dropped write: {again:?} after {:?}, {} tool runs",
+        start.elapsed(),
+        runs.load(SeqCst)
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_unkeyed_step_killed_mid_call_is_settled_unknown_and_never_sent_again() {
+    // `tower_once_step::postgres`: an unkeyed step belongs in "a store that writes its claims
+    // (the plain PostgresStore, Redis)"; crate docs: "the process killed | ... an unkeyed
+    // call's mark stays, so the next owner settles it unknown".
+    let db = Db::new(8).await;
+    let lease = Duration::from_millis(600);
+    let (calls, hanging) = support::hanging_refunds();
+    support::kill_after(
+        StepLayer::new(db.store.clone())
+            .lease(lease)
+            .layer(hanging)
+            .oneshot(Step::new(
+                StepId::new("run-3", 2, "refund"),
+                support::post("40"),
+            )),
+        Duration::from_millis(200),
+    )
+    .await;
+    assert_eq!(calls.load(SeqCst), 1);
+    let (later_calls, later) = support::refunds();
+    let steps = StepLayer::new(db.store.clone()).lease(lease).layer(later);
+    for _ in 0..2 {
+        let err = steps
+            .clone()
+            .oneshot(Step::new(
+                StepId::new("run-3", 2, "refund"),
+                support::post("40"),
+            ))
+            .await
+            .unwrap_err();
+        assert!(err.is_unknown(), "{err:?}");
+    }
+    assert_eq!((calls.load(SeqCst), later_calls.load(SeqCst)), (1, 0));
+}
