@@ -14,7 +14,9 @@ pub enum OnUnknown {
     /// Send it again. Right for a call that is idempotent or carries its key downstream
     /// ([`Step::keyed`]): the second send has the effect of the first.
     RunAgain,
-    /// Never send it again: the step fails with an unknown-outcome error
+    /// Never send it again blindly: the layer's [`verify`](crate::StepLayer::verify) hook is
+    /// asked whether it happened (found: its result is recorded; not found: it is sent); without
+    /// a hook, or when the hook cannot tell, the step fails with an unknown-outcome error
     /// ([`StepError::is_unknown`](crate::StepError::is_unknown)), recorded so every later
     /// attempt gets the same answer. For a tool that cannot be made safe.
     Refuse,
@@ -33,13 +35,18 @@ pub trait StepRequest {
         false
     }
 
+    /// The key it already carries downstream, if any (a non-empty `Idempotency-Key` header).
+    fn carried_key(&self) -> Option<String> {
+        None
+    }
+
     /// Whether it can carry a key downstream ([`carry_key`](Self::carry_key)).
     fn can_carry_key(&self) -> bool {
         false
     }
 
-    /// Carries `key` downstream (as `Idempotency-Key` for HTTP), replacing none already there.
-    /// Returns whether the request now carries a key.
+    /// Carries `key` downstream (as `Idempotency-Key` for HTTP), replacing no key already
+    /// there (an empty one is none). Returns whether the request now carries a key.
     fn carry_key(&mut self, key: &str) -> bool {
         let _ = key;
         false
@@ -66,7 +73,19 @@ pub trait StepRequest {
 
 impl<B> StepRequest for http::Request<B> {
     fn may_send_twice(&self) -> bool {
-        tower_once_core::resend::may_resend(self)
+        // An empty `Idempotency-Key` is no key: a downstream cannot dedupe by it.
+        tower_once_core::resend::is_idempotent(self.method())
+            || self.carried_key().is_some()
+            || self
+                .extensions()
+                .get::<tower_once_core::resend::SafeToRetry>()
+                .is_some()
+    }
+
+    fn carried_key(&self) -> Option<String> {
+        let key = self.headers().get(tower_once_core::IDEMPOTENCY_KEY)?;
+        let key = key.to_str().ok()?.trim();
+        (!key.is_empty()).then(|| key.to_owned())
     }
 
     fn can_carry_key(&self) -> bool {
@@ -74,10 +93,7 @@ impl<B> StepRequest for http::Request<B> {
     }
 
     fn carry_key(&mut self, key: &str) -> bool {
-        if self
-            .headers()
-            .contains_key(tower_once_core::IDEMPOTENCY_KEY)
-        {
+        if self.carried_key().is_some() {
             return true;
         }
         match http::HeaderValue::from_str(key) {
@@ -203,10 +219,14 @@ impl<Req: StepRequest> Step<Req> {
         self
     }
 
-    /// The key the step carries downstream when [`keyed`](Self::keyed): derived from the step
-    /// id and its scope ([`StepId::idempotency_key`] when it has none), so two tenants' steps
-    /// named alike never share one.
+    /// The key the step's call carries downstream: the request's own (a non-empty
+    /// `Idempotency-Key` it was built with), or the one [`keyed`](Self::keyed) stamps, derived
+    /// from the step id and its scope ([`StepId::idempotency_key`] when it has none), so two
+    /// tenants' steps named alike never share one. An unknown outcome names it.
     pub fn idempotency_key(&self) -> String {
+        if let Some(own) = self.request.carried_key() {
+            return own;
+        }
         match self.scope.as_deref() {
             None | Some([]) => self.id.idempotency_key(),
             Some(scope) => self.id.scoped_idempotency_key(scope),

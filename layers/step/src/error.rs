@@ -94,8 +94,11 @@ impl<E> StepError<E> {
         matches!(self.kind, Kind::Misused(_))
     }
 
-    /// The inner service failed (its error is [`inner_error`](Self::inner_error)); nothing
-    /// was recorded, and a later attempt calls again.
+    /// The inner service failed (its error is [`inner_error`](Self::inner_error)) before the
+    /// call was sent, or the call may be sent again (keyed, idempotent, or its effect rolled
+    /// back with the step's transaction): nothing was recorded, and a later attempt calls
+    /// again. (A tool that committed its result in the step's transaction and then returned an
+    /// error has done the step: a later attempt replays it.)
     pub fn is_inner(&self) -> bool {
         matches!(self.kind, Kind::Inner(_))
     }

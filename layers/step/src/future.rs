@@ -22,7 +22,6 @@ use tokio::time::Instant;
 use tower_once_core::classify::{Action, Classify};
 use tower_once_core::deadline::Deadline;
 use tower_once_core::unsent::Unsent;
-use tower_once_idempotency::store::Lease;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, IdempotencyStore, RecordState, StoreError,
 };
@@ -132,6 +131,8 @@ where
 {
     let mut step = step;
     let policy = step.prepare();
+    // The key the call carries downstream (its own, or the step's), named by an unknown outcome.
+    let step_key = step.idempotency_key();
     let Step {
         id,
         mut request,
@@ -185,7 +186,7 @@ where
         }
         match record.state {
             RecordState::Completed(stored) => {
-                return replay(&settings.codec, &stored, &id, waited);
+                return replay(&settings.codec, &stored, &step_key, waited);
             }
             RecordState::NotReplayable => {
                 return Err(StepError::codec("the step's record holds no result".into()));
@@ -228,17 +229,15 @@ where
             Ok(ClaimOutcome::Existing(earlier)) => {
                 // An earlier attempt was sent and never recorded: ask the downstream.
                 let earlier = record::marker_sent_at(&earlier.fingerprint);
-                match settings.verify.verify(&id, earlier).await {
+                let lookup = settings.verify.verify(&id, earlier);
+                match held.renewed(settings.lease, lookup).await {
                     Verified::Happened(value) => {
                         let encoded = encode(&settings.codec, &value, settings.result_limit);
-                        let out = record_result(
-                            &mut held,
-                            encoded,
-                            settings.retention,
-                            value,
-                            StepOutput::verified,
-                        )
-                        .await;
+                        let out =
+                            record_result(&mut held, encoded, settings.retention, value, |value| {
+                                StepOutput::verified(value, waited)
+                            })
+                            .await;
                         return Ok(out);
                     }
                     // Sent under the earlier attempt's mark, which stays: a crash now leaves
@@ -246,11 +245,11 @@ where
                     Verified::NotHappened => {}
                     Verified::Unknown => {
                         tracing::warn!(
-                            key = %id.idempotency_key(),
+                            key = %step_key,
                             "step: an earlier attempt was sent and never recorded; not sending it again"
                         );
-                        held.settle_unknown(earlier).await;
-                        return Err(StepError::unknown(id.idempotency_key(), earlier, None));
+                        held.settle_unknown(earlier, &step_key).await;
+                        return Err(StepError::unknown(step_key, earlier, None));
                     }
                 }
             }
@@ -261,9 +260,11 @@ where
         }
     }
 
-    // A store whose records a tool can commit in its own transaction (Postgres): hand the
-    // tool the step's claim, so that its effect and the step's result commit together.
-    let in_transaction = if St::COMPLETES_IN_TRANSACTION {
+    // A store whose claim is the tool's transaction (a transactional PostgresStore): hand the
+    // tool the step's claim, so that its effect and the step's result commit together. (A
+    // plain PostgresStore's claim would let the tool write a record of the HTTP layer's kind,
+    // which a step cannot replay: it gets none.)
+    let in_transaction = if St::COMPLETES_IN_TRANSACTION && store.claims_are_transactions() {
         request.extensions_mut().map(|extensions| {
             let written = JobRecord::default();
             let claim = Claim::for_job(
@@ -280,31 +281,27 @@ where
         None
     };
 
-    // Call, renewing the lease a third of it apart (the same lease as the idempotency layer's
-    // handlers and the worker's jobs).
-    let mut lease = Lease::new(store.clone(), key, token, settings.lease);
-    let mut timer = std::pin::pin!(tokio::time::sleep(lease.interval()));
-    let mut call = std::pin::pin!(inner.call(request));
-    let result = std::future::poll_fn(|cx| {
-        lease.poll_renew(timer.as_mut(), cx);
-        call.as_mut().poll(cx)
-    })
-    .await;
+    // Call, the claim renewed a third of its lease apart (the store's `Lease`, as the
+    // idempotency layer's handlers and the worker's jobs), and the sent mark with it.
+    let result = held.renewed(settings.lease, inner.call(request)).await;
+
+    // A tool that committed its result in the step's transaction has done the step, whatever
+    // the classifier says of its answer (it decided by committing): that is its result.
+    let result = match (result, in_transaction.as_ref()) {
+        (Ok(value), Some(written)) => match settled_by_tool(written).await {
+            Some(settled) => match settled_step(&mut held, settled, value, waited).await {
+                Ok(out) => return Ok(out),
+                Err(value) => Ok(value),
+            },
+            None => Ok(value),
+        },
+        (result, _) => result,
+    };
 
     let action = settings.classifier.classify(&result);
     match result {
         Ok(value) if action == Action::Success => {
             let encoded = encode(&settings.codec, &value, settings.result_limit);
-            let value = match in_transaction.as_ref() {
-                Some(written) => match settled_by_tool(written).await {
-                    Some(settled) => match settled_step(&mut held, settled, value, waited).await {
-                        Ok(out) => return Ok(out),
-                        Err(value) => value,
-                    },
-                    None => value,
-                },
-                None => value,
-            };
             Ok(
                 record_result(&mut held, encoded, settings.retention, value, |value| {
                     StepOutput::called(value, waited)
@@ -320,10 +317,13 @@ where
         }
         // A failure that may have had its effect (a 5xx from a gateway, a timeout answered by
         // a proxy) on a call that may not be sent twice: as unknown as a timeout.
-        Ok(value) => match settings.verify.verify(&id, sent_at).await {
+        Ok(value) => match held
+            .renewed(settings.lease, settings.verify.verify(&id, sent_at))
+            .await
+        {
             Verified::Happened(found) => {
                 let encoded = encode(&settings.codec, &found, settings.result_limit);
-                let made = StepOutput::verified;
+                let made = |found| StepOutput::verified(found, waited);
                 Ok(record_result(&mut held, encoded, settings.retention, found, made).await)
             }
             Verified::NotHappened => {
@@ -331,9 +331,9 @@ where
                 Ok(StepOutput::not_recorded(value))
             }
             Verified::Unknown => {
-                tracing::warn!(key = %id.idempotency_key(), "step: the call failed in a way that may have had its effect; not sending it again");
-                held.settle_unknown(sent_at).await;
-                Err(StepError::unknown(id.idempotency_key(), sent_at, None))
+                tracing::warn!(key = %step_key, "step: the call failed in a way that may have had its effect; not sending it again");
+                held.settle_unknown(sent_at, &step_key).await;
+                Err(StepError::unknown(step_key, sent_at, None))
             }
         },
         // Unsent, or safe to send again, or its effect rolled back with the step's transaction.
@@ -345,10 +345,13 @@ where
             held.release().await;
             Err(StepError::inner(error))
         }
-        Err(error) => match settings.verify.verify(&id, sent_at).await {
+        Err(error) => match held
+            .renewed(settings.lease, settings.verify.verify(&id, sent_at))
+            .await
+        {
             Verified::Happened(value) => {
                 let encoded = encode(&settings.codec, &value, settings.result_limit);
-                let made = StepOutput::verified;
+                let made = |value| StepOutput::verified(value, waited);
                 Ok(record_result(&mut held, encoded, settings.retention, value, made).await)
             }
             Verified::NotHappened => {
@@ -356,12 +359,8 @@ where
                 Err(StepError::inner(error))
             }
             Verified::Unknown => {
-                held.settle_unknown(sent_at).await;
-                Err(StepError::unknown(
-                    id.idempotency_key(),
-                    sent_at,
-                    Some(error),
-                ))
+                held.settle_unknown(sent_at, &step_key).await;
+                Err(StepError::unknown(step_key, sent_at, Some(error)))
             }
         },
     }

@@ -1,20 +1,25 @@
-//! A claimed step's record and sent mark, settled on every path, and on a task of its own when
-//! the step's future is dropped.
+//! A claimed step's record and sent mark: renewed while the step works, settled on every path,
+//! and every write finished on a task of its own when the step's future is dropped.
 
 use crate::record;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
-use tower_once_idempotency::store::{ClaimToken, Completion, IdempotencyStore, StoreKey};
+use tower_once_idempotency::store::{
+    ClaimToken, Completion, IdempotencyStore, Lease, StoreError, StoreKey,
+};
 
 /// A claimed step's record (and its sent mark), and what becomes of them if the step's future
-/// is dropped before it settles them (a caller's timeout, a cancelled run): released, or, for
-/// a call that may not be sent twice and may have been, recorded as unknown.
+/// is dropped before it settles them (a caller's timeout, a cancelled run): the claim is
+/// released and the mark stays, so the next owner settles a call that may have been sent.
 pub(crate) struct Held<St: IdempotencyStore> {
     store: St,
     key: StoreKey,
     token: ClaimToken,
     retention: Duration,
     pub(crate) marker: Option<StoreKey>,
-    /// Whether its drop releases the claim (the sent mark stays: the next owner settles it).
+    /// Whether its drop releases the claim.
     pub(crate) armed: bool,
 }
 
@@ -30,46 +35,64 @@ impl<St: IdempotencyStore> Held<St> {
             armed: true,
         }
     }
-    /// Completes the step's record (nothing is left to do if dropped after).
+
+    /// Runs `work` (the call, a lookup) with the claim renewed every third of `lease`, and the
+    /// sent mark every third of the retention (a call longer than the retention keeps it).
+    pub(crate) async fn renewed<F: Future>(&self, lease: Duration, work: F) -> F::Output {
+        let (store, token) = (&self.store, self.token);
+        let mut claim = Lease::new(store.clone(), self.key, token, lease);
+        let mut claim_timer = std::pin::pin!(tokio::time::sleep(claim.interval()));
+        let mut mark = self
+            .marker
+            .map(|marker| Lease::new(store.clone(), marker, token, self.retention));
+        let interval = mark.as_ref().map_or(self.retention, Lease::interval);
+        let mut mark_timer = std::pin::pin!(tokio::time::sleep(interval));
+        let mut work = std::pin::pin!(work);
+        std::future::poll_fn(|cx| {
+            claim.poll_renew(claim_timer.as_mut(), cx);
+            if let Some(mark) = mark.as_mut() {
+                mark.poll_renew(mark_timer.as_mut(), cx);
+            }
+            work.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Completes the step's record.
     pub(crate) async fn complete(
         &mut self,
         completion: Completion,
         retention: Duration,
-    ) -> Result<bool, tower_once_idempotency::store::StoreError> {
+    ) -> Result<bool, StoreError> {
         self.armed = false;
-        self.store
-            .complete(self.key, self.token, completion, retention)
-            .await
+        let complete = self
+            .store
+            .complete(self.key, self.token, completion, retention);
+        Finish::new(complete).await
     }
 
     /// Frees the step, and its sent mark (the call was not sent, or was refused). Otherwise
-    /// the mark stays for the retention, an in-progress claim that no store drops to make
-    /// room: if the step's record is dropped (a full memory store), the call is still never
-    /// sent blindly again.
+    /// the mark stays for the retention, an in-progress claim: if the step's record is dropped
+    /// (a full memory store), the call is still never sent blindly again.
     pub(crate) async fn release(&mut self) {
         self.armed = false;
-        if let Err(error) = self.store.release(self.key, self.token).await {
+        let release = self.store.release(self.key, self.token);
+        if let Err(error) = Finish::new(release).await {
             tracing::warn!(%error, "step: could not release its claim; it frees itself when its lease ends");
         }
-        self.release_marker().await;
-    }
-
-    pub(crate) async fn release_marker(&mut self) {
         if let Some(marker) = self.marker.take() {
-            if let Err(error) = self.store.release(marker, self.token).await {
+            let release = self.store.release(marker, self.token);
+            if let Err(error) = Finish::new(release).await {
                 tracing::warn!(%error, "step: could not remove its sent mark");
             }
         }
     }
 
     /// Records the step's outcome as unknown, so every later attempt says so too.
-    pub(crate) async fn settle_unknown(&mut self, sent_at: SystemTime) {
-        self.armed = false;
-        let completion = Completion::Response(record::unknown(sent_at));
-        let settled = self
-            .store
-            .complete(self.key, self.token, completion, self.retention);
-        if let Err(error) = settled.await {
+    pub(crate) async fn settle_unknown(&mut self, sent_at: SystemTime, key: &str) {
+        let completion = Completion::Response(record::unknown(sent_at, key));
+        let retention = self.retention;
+        if let Err(error) = self.complete(completion, retention).await {
             tracing::warn!(%error, "step: could not record its unknown outcome; its sent mark still says so");
         }
     }
@@ -80,14 +103,53 @@ impl<St: IdempotencyStore> Drop for Held<St> {
         if !std::mem::take(&mut self.armed) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        drop(Finish::new(self.store.release(self.key, self.token)));
+    }
+}
+
+/// A store write that is never lost: dropped before it finished (the step's caller gave up),
+/// it is finished on a task of its own, as the store contract asks of a layer.
+struct Finish<F: Future + Unpin + Send + 'static>(Option<F>)
+where
+    F::Output: Send;
+
+impl<F: Future + Unpin + Send + 'static> Finish<F>
+where
+    F::Output: Send,
+{
+    fn new(write: F) -> Self {
+        Self(Some(write))
+    }
+}
+
+impl<F: Future + Unpin + Send + 'static> Future for Finish<F>
+where
+    F::Output: Send,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(write) = self.0.as_mut() else {
+            tower_once_core::polled_after_completion("Finish")
+        };
+        let done = std::task::ready!(Pin::new(write).poll(cx));
+        self.0 = None;
+        Poll::Ready(done)
+    }
+}
+
+impl<F: Future + Unpin + Send + 'static> Drop for Finish<F>
+where
+    F::Output: Send,
+{
+    fn drop(&mut self) {
+        let Some(write) = self.0.take() else {
             return;
         };
-        let release = self.store.release(self.key, self.token);
-        runtime.spawn(async move {
-            if let Err(error) = release.await {
-                tracing::warn!(%error, "step: could not release a dropped step; its lease ends it");
-            }
-        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = write.await;
+            });
+        }
     }
 }

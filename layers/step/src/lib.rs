@@ -91,9 +91,11 @@
 //!
 //! A replay is one store round trip and a decode; a fresh keyed step two (claim, record); a
 //! fresh unkeyed one three (claim, mark, record). An unkeyed step's sent mark stays for the
-//! retention, an in-progress claim that no store drops to make room, so that a step whose
-//! record a full store dropped is still never sent blindly again: on the memory store, size
-//! `max_entries` for the unkeyed steps of a retention (or shorten it).
+//! retention (renewed while its call runs), an in-progress claim that the memory store never
+//! drops to make room, so that a step whose record a full store dropped is still never sent
+//! blindly again: size the memory store's `max_entries` for the unkeyed steps of a retention
+//! (or shorten it). A Redis with an eviction policy other than `noeviction` can drop marks
+//! under memory pressure (see Known limits).
 //!
 //! # Compared with durable-execution engines
 //!
@@ -121,7 +123,10 @@
 //!   round trip). Deploy such a change with no run in flight, or keep the old policy.
 //! - A step's retention is a store's to keep: a store that drops records to make room (the
 //!   memory store at its bounds, a Redis with an eviction policy) can drop a done step's
-//!   result; a keyed step then runs again with its key, an unkeyed one is settled unknown.
+//!   result; a keyed step then runs again with its key, and an unkeyed one is settled unknown
+//!   from its sent mark, except on a Redis whose eviction policy drops the mark too: run the
+//!   steps' Redis with `maxmemory-policy noeviction` (a full Redis then refuses writes, and
+//!   steps fail closed).
 //! - The arguments' fingerprint is xxh3-128, fast and not collision-resistant: arguments
 //!   crafted to collide with an earlier call of the same step (same run, position and tool)
 //!   get that call's result instead of a mismatch. Nothing runs twice.

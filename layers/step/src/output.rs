@@ -11,7 +11,7 @@ pub struct StepOutput<T> {
 enum How {
     Called { waited: bool },
     Replayed { waited: bool },
-    Verified,
+    Verified { waited: bool },
     NotRecorded,
 }
 
@@ -30,10 +30,10 @@ impl<T> StepOutput<T> {
         }
     }
 
-    pub(crate) fn verified(value: T) -> Self {
+    pub(crate) fn verified(value: T, waited: bool) -> Self {
         Self {
             value,
-            how: How::Verified,
+            how: How::Verified { waited },
         }
     }
 
@@ -53,22 +53,26 @@ impl<T> StepOutput<T> {
     /// [`verify`](crate::StepLayer::verify) hook found that it happened: its result is
     /// recorded, nothing sent.
     pub fn is_verified(&self) -> bool {
-        matches!(self.how, How::Verified)
+        matches!(self.how, How::Verified { .. })
     }
 
     /// The step waited for another task, process or replica running it.
     pub fn waited(&self) -> bool {
         matches!(
             self.how,
-            How::Called { waited: true } | How::Replayed { waited: true }
+            How::Called { waited: true }
+                | How::Replayed { waited: true }
+                | How::Verified { waited: true }
         )
     }
 
-    /// The result is the step's recorded result (called now and stored, or replayed). `false`
-    /// for an answer the classifier does not call a success (an upstream `409`, `429`, `4xx`
-    /// or `5xx`), which is returned as it is and never stored: the step is not done, and a
-    /// later attempt calls again. Also `false` for a success the store could not keep (a
-    /// store failure, or a result over the size limit), logged.
+    /// The result is the step's recorded result (called now and stored, replayed, or
+    /// verified). `false` for an answer the classifier does not call a success (an upstream
+    /// `409`, `429`, `4xx` or `5xx`), which is returned as it is and never stored, and for a
+    /// success the store could not keep (a store failure, a result over the size limit, JSON
+    /// that does not read back), logged. The step is not done: a later attempt of a keyed or
+    /// idempotent step calls again; one of a step that may not be sent twice asks the verify
+    /// hook or is settled unknown (its sent mark stays).
     pub fn is_recorded(&self) -> bool {
         !matches!(self.how, How::NotRecorded)
     }

@@ -7,12 +7,20 @@
 //! before it rolls both back and frees the step at once; a tool frozen past the lease has its
 //! session ended by Postgres and can never commit afterwards.
 //!
-//! Such a step is safe to run again (nothing of a failed attempt survives), so make it
-//! [`OnUnknown::RunAgain`](crate::OnUnknown::RunAgain). A step whose policy is `Refuse` (an
+//! When every effect of the tool is in that transaction, nothing of a failed attempt survives,
+//! so the step is safe to run again: make it
+//! [`OnUnknown::RunAgain`](crate::OnUnknown::RunAgain). An effect outside it (an HTTP call the
+//! tool makes before committing) is not rolled back: make the step
+//! [`keyed`](crate::Step::keyed) and send the step's key with that call.
+//!
+//! What [`commit`] writes is the step's result: the layer's classifier and `result_limit` do
+//! not look at it (the tool decided by committing). Commit a success only; to refuse, return an
+//! error and let the transaction drop. A step whose policy is `Refuse` (an
 //! unkeyed `POST`, by default) is refused on a transactional store
 //! ([`StepError::is_misused`](crate::StepError::is_misused)): its "sent" mark would be an open
 //! transaction, gone with a crash. Keep such steps in a store that writes its claims (the
-//! plain `PostgresStore`, Redis).
+//! plain `PostgresStore`, Redis). On a plain `PostgresStore` the tool gets no claim: the step
+//! records its result after the call, as on any store.
 //!
 //! ```no_run
 //! use tower_once_idempotency::store::postgres::PostgresStore;

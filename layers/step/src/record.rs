@@ -10,11 +10,16 @@ use tower_once_idempotency::store::StoredResponse;
 pub(crate) const STEP_RECORD: HeaderName = HeaderName::from_static("tower-once-step");
 /// On an unknown-outcome record: when the call was sent (milliseconds since the epoch).
 const SENT_AT: HeaderName = HeaderName::from_static("tower-once-step-sent-at");
+/// On an unknown-outcome record: the key the call carried downstream.
+const KEY: HeaderName = HeaderName::from_static("tower-once-step-key");
 
 /// A record as the step reads it.
 pub(crate) enum Recorded<'a> {
     Done(&'a StoredResponse),
-    Unknown { sent_at: SystemTime },
+    Unknown {
+        sent_at: SystemTime,
+        key: Option<String>,
+    },
 }
 
 /// Marks `record` (the codec's) as a done step's.
@@ -25,8 +30,9 @@ pub(crate) fn done(mut record: StoredResponse) -> StoredResponse {
     record
 }
 
-/// The record of a step whose outcome is unknown: sent at `sent_at`, never recorded.
-pub(crate) fn unknown(sent_at: SystemTime) -> StoredResponse {
+/// The record of a step whose outcome is unknown: sent at `sent_at` carrying `key`, never
+/// recorded.
+pub(crate) fn unknown(sent_at: SystemTime, key: &str) -> StoredResponse {
     let mut record = StoredResponse::new(StatusCode::OK, Default::default(), Default::default());
     record
         .headers
@@ -34,6 +40,9 @@ pub(crate) fn unknown(sent_at: SystemTime) -> StoredResponse {
     record
         .headers
         .insert(SENT_AT, HeaderValue::from(millis(sent_at)));
+    if let Ok(key) = HeaderValue::from_str(key) {
+        record.headers.insert(KEY, key);
+    }
     record
 }
 
@@ -47,7 +56,12 @@ pub(crate) fn read(record: &StoredResponse) -> Option<Recorded<'_>> {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(UNIX_EPOCH, from_millis);
-            Some(Recorded::Unknown { sent_at })
+            let key = record
+                .headers
+                .get(KEY)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            Some(Recorded::Unknown { sent_at, key })
         }
         _ => None,
     }
@@ -96,7 +110,10 @@ mod tests {
     fn a_marker_keeps_when_it_was_sent_to_the_millisecond() {
         let at = UNIX_EPOCH + Duration::from_millis(1_764_000_000_123);
         assert_eq!(marker_sent_at(&sent_marker(at)), at);
-        let unknown = unknown(at);
-        assert!(matches!(read(&unknown), Some(Recorded::Unknown { sent_at }) if sent_at == at));
+        let unknown = unknown(at, "step-1");
+        assert!(matches!(
+            read(&unknown),
+            Some(Recorded::Unknown { sent_at, key: Some(key) }) if sent_at == at && key == "step-1"
+        ));
     }
 }

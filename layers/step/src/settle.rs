@@ -86,7 +86,7 @@ pub(crate) async fn settled_step<T, St: IdempotencyStore>(
         Ok(Settled::Store) => Err(value),
         Ok(Settled::Release) => {
             tracing::warn!(
-                "step: the tool returned a success, but its transaction rolled back; the step is not done"
+                "step: the tool answered, but its transaction rolled back; the step is not done"
             );
             held.release().await;
             Ok(StepOutput::not_recorded(value))
@@ -102,7 +102,7 @@ pub(crate) async fn settled_step<T, St: IdempotencyStore>(
 pub(crate) fn replay<T, E, C: Codec<T>>(
     codec: &C,
     stored: &StoredResponse,
-    id: &crate::StepId,
+    key: &str,
     waited: bool,
 ) -> Output<T, E> {
     match record::read(stored) {
@@ -110,9 +110,14 @@ pub(crate) fn replay<T, E, C: Codec<T>>(
             .decode(stored)
             .map(|value| StepOutput::replayed(value, waited))
             .map_err(StepError::codec),
-        Some(Recorded::Unknown { sent_at }) => {
-            Err(StepError::unknown(id.idempotency_key(), sent_at, None))
-        }
+        Some(Recorded::Unknown {
+            sent_at,
+            key: recorded,
+        }) => Err(StepError::unknown(
+            recorded.unwrap_or_else(|| key.to_owned()),
+            sent_at,
+            None,
+        )),
         None => Err(StepError::codec(
             "the record is not a step's (another layer's record under the same key?)".into(),
         )),

@@ -17,8 +17,14 @@ pub enum Verified<T> {
 
 /// Asks the downstream whether the call of step `id`, sent at `sent_at` and never recorded,
 /// happened. Consulted for a step whose policy is [`OnUnknown::Refuse`](crate::OnUnknown):
-/// when a later attempt finds the earlier one's sent mark, and when the call fails in a way
-/// that may have run (a timeout). `()` (the default) always answers [`Verified::Unknown`].
+/// when a later attempt finds the earlier one's sent mark, when the call fails in a way that
+/// may have run (a timeout, a reset), and when it is answered with a failure that may follow
+/// its effect (the classifier's `Action::Retry` or `InProgress`: a `5xx`, a `429`). `()` (the
+/// default) always answers [`Verified::Unknown`].
+///
+/// The step's claim is renewed while the hook runs, but the hook is not bounded by the step's
+/// deadline: bound its lookup yourself. `sent_at` is when the first attempt that may have had
+/// the effect was sent (after a "not happened" and a second send, still the first's).
 ///
 /// Any `Fn(&StepId, SystemTime) -> Future<Output = Verified<T>>` is one:
 ///

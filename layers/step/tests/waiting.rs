@@ -53,7 +53,7 @@ async fn concurrent_calls_of_one_step_call_the_tool_once_and_the_others_wait_and
 
 #[tokio::test(start_paused = true)]
 async fn an_unkeyed_step_called_concurrently_is_sent_once() {
-    // The same with the `Refuse` policy (four round trips: claim, mark, record, unmark).
+    // The same with the `Refuse` policy (three round trips: claim, mark, record).
     let (calls, refunds) = slow_refunds(Duration::from_millis(300));
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
     let id = StepId::new("run-1", 2, "refund");
