@@ -224,13 +224,9 @@ impl<Req: StepRequest> Step<Req> {
     /// from the step id and its scope ([`StepId::idempotency_key`] when it has none), so two
     /// tenants' steps named alike never share one. An unknown outcome names it.
     pub fn idempotency_key(&self) -> String {
-        if let Some(own) = self.request.carried_key() {
-            return own;
-        }
-        match self.scope.as_deref() {
-            None | Some([]) => self.id.idempotency_key(),
-            Some(scope) => self.id.scoped_idempotency_key(scope),
-        }
+        self.request
+            .carried_key()
+            .unwrap_or_else(|| derived_key(&self.id, self.scope.as_deref().unwrap_or_default()))
     }
 
     /// The policy this step follows: set with [`on_unknown`](Self::on_unknown), or
@@ -245,20 +241,6 @@ impl<Req: StepRequest> Step<Req> {
                 OnUnknown::Refuse
             })
     }
-
-    /// Stamps the key (when keyed) and says the policy this call follows.
-    pub(crate) fn prepare(&mut self) -> OnUnknown {
-        let carried = self.keyed && self.request.can_carry_key() && {
-            let key = self.idempotency_key();
-            self.request.carry_key(&key)
-        };
-        self.on_unknown
-            .unwrap_or(if carried || self.request.may_send_twice() {
-                OnUnknown::RunAgain
-            } else {
-                OnUnknown::Refuse
-            })
-    }
 }
 
 impl<Req: StepRequest> tower_once_core::carrier::Carrier for Step<Req> {
@@ -268,6 +250,15 @@ impl<Req: StepRequest> tower_once_core::carrier::Carrier for Step<Req> {
 
     fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
         self.request.extensions_mut()
+    }
+}
+
+/// The key a keyed step stamps: from the id, and the scope when there is one.
+pub(crate) fn derived_key(id: &StepId, scope: &[u8]) -> String {
+    if scope.is_empty() {
+        id.idempotency_key()
+    } else {
+        id.scoped_idempotency_key(scope)
     }
 }
 

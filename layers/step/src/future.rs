@@ -1,7 +1,7 @@
 //! The life of a step: claim its record (or replay it, or wait for it), mark an unkeyed call
 //! sent, call with the lease renewed, then record the result or the unknown outcome.
 
-use crate::call::{OnUnknown, Step, StepRequest};
+use crate::call::{derived_key, OnUnknown, Step, StepRequest};
 use crate::codec::Codec;
 use crate::error::StepError;
 use crate::held::Held;
@@ -129,15 +129,13 @@ where
     K: Classify<S::Response, S::Error>,
     V: Verify<S::Response>,
 {
-    let mut step = step;
-    let policy = step.prepare();
-    // The key the call carries downstream (its own, or the step's), named by an unknown outcome.
-    let step_key = step.idempotency_key();
+    let policy = step.on_unknown_policy();
     let Step {
         id,
         mut request,
         arguments,
         scope,
+        keyed,
         ..
     } = step;
     let scope = match (scope, settings.scoped) {
@@ -149,6 +147,10 @@ where
     if !id.is_valid() {
         return Err(StepError::invalid());
     }
+    // The key the call carries downstream (its own, or the step's), named by an unknown
+    // outcome: derived (a hash) only when needed.
+    let own_key = request.carried_key();
+    let step_key = || own_key.clone().unwrap_or_else(|| derived_key(&id, &scope));
     let store = &settings.store;
     if policy == OnUnknown::Refuse && store.claims_are_transactions() {
         return Err(StepError::misused(
@@ -186,7 +188,7 @@ where
         }
         match record.state {
             RecordState::Completed(stored) => {
-                return replay(&settings.codec, &stored, &step_key, waited);
+                return replay(&settings.codec, &stored, step_key, waited);
             }
             RecordState::NotReplayable => {
                 return Err(StepError::codec("the step's record holds no result".into()));
@@ -210,6 +212,9 @@ where
     }
 
     let mut held = Held::new(store.clone(), key, token, settings.retention);
+    if keyed && request.can_carry_key() {
+        request.carry_key(&step_key());
+    }
 
     // A call that may not be sent twice is marked sent before it is: a process that dies
     // after sending leaves the mark, and the step's next owner settles it as unknown.
@@ -245,11 +250,11 @@ where
                     Verified::NotHappened => {}
                     Verified::Unknown => {
                         tracing::warn!(
-                            key = %step_key,
+                            key = %step_key(),
                             "step: an earlier attempt was sent and never recorded; not sending it again"
                         );
-                        held.settle_unknown(earlier, &step_key).await;
-                        return Err(StepError::unknown(step_key, earlier, None));
+                        held.settle_unknown(earlier, &step_key()).await;
+                        return Err(StepError::unknown(step_key(), earlier, None));
                     }
                 }
             }
@@ -331,9 +336,10 @@ where
                 Ok(StepOutput::not_recorded(value))
             }
             Verified::Unknown => {
-                tracing::warn!(key = %step_key, "step: the call failed in a way that may have had its effect; not sending it again");
-                held.settle_unknown(sent_at, &step_key).await;
-                Err(StepError::unknown(step_key, sent_at, None))
+                let key = step_key();
+                tracing::warn!(key = %key, "step: the call failed in a way that may have had its effect; not sending it again");
+                held.settle_unknown(sent_at, &key).await;
+                Err(StepError::unknown(key, sent_at, None))
             }
         },
         // Unsent, or safe to send again, or its effect rolled back with the step's transaction.
@@ -359,8 +365,9 @@ where
                 Err(StepError::inner(error))
             }
             Verified::Unknown => {
-                held.settle_unknown(sent_at, &step_key).await;
-                Err(StepError::unknown(step_key, sent_at, Some(error)))
+                let key = step_key();
+                held.settle_unknown(sent_at, &key).await;
+                Err(StepError::unknown(key, sent_at, Some(error)))
             }
         },
     }

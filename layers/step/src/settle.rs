@@ -102,7 +102,7 @@ pub(crate) async fn settled_step<T, St: IdempotencyStore>(
 pub(crate) fn replay<T, E, C: Codec<T>>(
     codec: &C,
     stored: &StoredResponse,
-    key: &str,
+    key: impl FnOnce() -> String,
     waited: bool,
 ) -> Output<T, E> {
     match record::read(stored) {
@@ -114,7 +114,7 @@ pub(crate) fn replay<T, E, C: Codec<T>>(
             sent_at,
             key: recorded,
         }) => Err(StepError::unknown(
-            recorded.unwrap_or_else(|| key.to_owned()),
+            recorded.unwrap_or_else(key),
             sent_at,
             None,
         )),
