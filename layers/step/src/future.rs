@@ -4,6 +4,7 @@
 use crate::call::{derived_key, OnUnknown, Step, StepRequest};
 use crate::codec::Codec;
 use crate::error::StepError;
+use crate::handoff::hand_claim;
 use crate::held::Held;
 use crate::layer::Settings;
 use crate::metrics::{self, Outcome};
@@ -25,7 +26,7 @@ use tower_once_core::unsent::Unsent;
 use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, IdempotencyStore, RecordState, StoreError,
 };
-use tower_once_idempotency::{Claim, JobRecord};
+use tower_once_idempotency::JobRecord;
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -116,18 +117,19 @@ where
 
 async fn steps<S, St, C, K, V, Req>(
     mut inner: S,
-    settings: &Settings<St, C, K, V>,
+    settings: &Arc<Settings<St, C, K, V>>,
     step: Step<Req>,
     deadline: Option<Deadline>,
 ) -> Output<S::Response, S::Error>
 where
     S: Service<Req>,
-    S::Error: Unsent,
+    S::Response: Send + 'static,
+    S::Error: Unsent + 'static,
     Req: StepRequest,
     St: IdempotencyStore,
-    C: Codec<S::Response>,
-    K: Classify<S::Response, S::Error>,
-    V: Verify<S::Response>,
+    C: Codec<S::Response> + Send + Sync + 'static,
+    K: Classify<S::Response, S::Error> + Send + Sync + 'static,
+    V: Verify<S::Response> + Send + Sync + 'static,
 {
     let policy = step.on_unknown_policy();
     let Step {
@@ -270,17 +272,8 @@ where
     // plain PostgresStore's claim would let the tool write a record of the HTTP layer's kind,
     // which a step cannot replay: it gets none.)
     let in_transaction = if St::COMPLETES_IN_TRANSACTION && store.claims_are_transactions() {
-        request.extensions_mut().map(|extensions| {
-            let written = JobRecord::default();
-            let claim = Claim::for_job(
-                store.clone(),
-                key,
-                token,
-                settings.retention,
-                written.clone(),
-            );
-            extensions.insert(claim);
-            written
+        request.extensions_mut().and_then(|extensions| {
+            hand_claim::<_, _, _, _, S::Response, S::Error>(settings, key, token, extensions)
         })
     } else {
         None

@@ -81,10 +81,11 @@
 //!
 //! # Effects in Postgres
 //!
-//! On a [`PostgresStore::transactional`](tower_once_idempotency::store::postgres::PostgresStore::transactional)
-//! store, the step's claim is a transaction holding the step's lock, handed to the tool (an
-//! `http::Request`'s extensions carry its `Claim`): the tool writes its effect on it and
-//! commits it with the step's result ([`postgres::commit`], feature `postgres`), one commit.
+//! On a transactional `PostgresStore` (feature `postgres`), the step's claim is a transaction
+//! holding the step's lock, handed to the tool: an `http::Request`'s extensions carry a
+//! `tower_once_step::postgres::StepClaim`. The tool writes its effect on that transaction and
+//! commits it with the step's result (`StepClaim::commit`, by the layer's classifier, codec and
+//! result limit), one commit.
 //! A failure or a crash before it leaves neither, and the step runs again at once.
 //!
 //! # Costs
@@ -139,6 +140,7 @@ mod call;
 mod codec;
 mod error;
 mod future;
+mod handoff;
 mod held;
 mod id;
 mod layer;

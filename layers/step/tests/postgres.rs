@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
-use tower_once_idempotency::Claim;
+use tower_once_step::postgres::StepClaim;
 use tower_once_step::{OnUnknown, Step, StepId, StepLayer};
 use tower_once_test_support::postgres::{database_url, Schema};
 
@@ -90,7 +90,7 @@ fn tool(
             let then = plans.lock().unwrap().pop().unwrap_or(Then::Commit);
             let claim = req
                 .extensions()
-                .get::<Claim<PostgresStore>>()
+                .get::<StepClaim<Refunded>>()
                 .cloned()
                 .ok_or("no claim")?;
             let mut tx = claim.transaction().await?;
@@ -105,7 +105,7 @@ fn tool(
                 Then::Fail => return Err("the payment provider said no".into()),
                 Then::Freeze(pause) => tokio::time::sleep(pause).await,
             }
-            tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+            let refunded = claim.commit(tx, refunded).await?;
             Ok(refunded)
         }
     })
@@ -223,10 +223,10 @@ async fn an_unkeyed_post_that_may_not_be_sent_twice_is_refused_on_a_transactiona
 // ---- Tools that use the step's transaction in other ways. ----
 
 /// The step's claim, from the tool's request.
-fn claim_of(req: &http::Request<String>) -> Result<Claim<PostgresStore>, BoxError> {
+fn claim_of<T: 'static>(req: &http::Request<String>) -> Result<StepClaim<T>, BoxError> {
     Ok(req
         .extensions()
-        .get::<Claim<PostgresStore>>()
+        .get::<StepClaim<T>>()
         .cloned()
         .ok_or("no claim")?)
 }
@@ -264,7 +264,7 @@ async fn a_tool_that_commits_then_tries_to_commit_again_records_once() {
                 let claim = claim_of(&req)?;
                 let mut tx = claim.transaction().await?;
                 let first = insert_refund(&schema, &mut tx, 40).await?;
-                tower_once_step::postgres::commit(&claim, tx, &first).await?;
+                let first = claim.commit(tx, first).await?;
                 // A second effect, a second commit: the claim's transaction is gone.
                 match claim.transaction().await {
                     Err(e) if e.is_misused() => misused.fetch_add(1, SeqCst),
@@ -290,7 +290,7 @@ async fn a_tool_that_commits_with_another_steps_claim_commits_nothing() {
     // kept the claim of an earlier step (run-a) commits run-b's transaction with it.
     let db = Db::new().await;
     let schema = db.schema.name.clone();
-    let kept: Arc<std::sync::Mutex<Option<Claim<PostgresStore>>>> = Default::default();
+    let kept: Arc<std::sync::Mutex<Option<StepClaim<Refunded>>>> = Default::default();
     let runs = Arc::new(AtomicUsize::new(0));
     let (stash, counted) = (Arc::clone(&kept), Arc::clone(&runs));
     let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
@@ -306,7 +306,7 @@ async fn a_tool_that_commits_with_another_steps_claim_commits_nothing() {
                     (1, Some(earlier)) => earlier, // run-b's first attempt
                     _ => claim,
                 };
-                tower_once_step::postgres::commit(&with, tx, &refunded).await?;
+                let refunded = with.commit(tx, refunded).await?;
                 Ok::<_, BoxError>(refunded)
             }
         },
@@ -362,11 +362,12 @@ async fn a_tool_that_returns_ok_without_committing_leaves_nothing_and_runs_again
                 let claim = claim_of(&req)?;
                 let mut tx = claim.transaction().await?;
                 let refunded = insert_refund(&schema, &mut tx, 40).await?;
-                if n == 0 {
+                let refunded = if n == 0 {
                     drop(tx); // forgot to commit
+                    refunded
                 } else {
-                    tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
-                }
+                    claim.commit(tx, refunded).await?
+                };
                 Ok::<_, BoxError>(refunded)
             }
         }));
@@ -408,7 +409,7 @@ async fn a_tool_that_fails_after_its_commit_is_replayed_and_never_run_again() {
                 let claim = claim_of(&req)?;
                 let mut tx = claim.transaction().await?;
                 let refunded = insert_refund(&schema, &mut tx, 40).await?;
-                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                claim.commit(tx, refunded).await?;
                 Err::<Refunded, BoxError>("committed, then the answer failed".into())
             }
         },
@@ -431,11 +432,11 @@ struct Answer {
 }
 
 #[tokio::test]
-async fn what_the_tool_commits_is_the_steps_result_whatever_the_classifier_says() {
-    // `tower_once_step::postgres`: "What `commit` writes is the step's result: the layer's
-    // classifier and `result_limit` do not look at it (the tool decided by committing)". A tool
-    // that commits a 503 has done the step: it says so at once, and replays it after (it used
-    // to say "not recorded" and then replay it).
+async fn a_tool_cannot_commit_an_answer_the_classifier_refuses_or_the_limit_would_not_keep() {
+    // `StepClaim::commit`: "Refused, with nothing committed (the effect rolls back), when the
+    // layer's classifier does not call `Ok(value)` a success, its codec cannot keep it, or it
+    // is over the layer's `result_limit`". DESIGN: an upstream 5xx is never a tool's result.
+    // (A committed 503 was once reported "not recorded", then replayed as the result.)
     let db = Db::new().await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = Arc::clone(&runs);
@@ -453,15 +454,42 @@ async fn what_the_tool_commits_is_the_steps_result_whatever_the_classifier_says(
                 let mut tx = claim.transaction().await?;
                 let Refunded { id } = insert_refund(&schema, &mut tx, 40).await?;
                 let answer = Answer { status: 503, id };
-                tower_once_step::postgres::commit(&claim, tx, &answer).await?;
+                let answer = claim.commit(tx, answer).await?;
                 Ok::<_, BoxError>(answer)
             }
         }));
-    let first = steps.clone().oneshot(refund_step("run-8")).await.unwrap();
-    assert!(first.is_recorded(), "{first:?}");
-    let second = steps.oneshot(refund_step("run-8")).await.unwrap();
-    assert!(second.is_replayed() && second.value() == first.value());
-    assert_eq!((runs.load(SeqCst), db.refunds().await), (1, 1));
+    let first = steps
+        .clone()
+        .oneshot(refund_step("run-8"))
+        .await
+        .unwrap_err();
+    assert!(first.is_inner(), "{first:?}");
+    let second = steps.oneshot(refund_step("run-8")).await.unwrap_err();
+    assert!(second.is_inner(), "not done: called again, {second:?}");
+    assert_eq!(
+        (runs.load(SeqCst), db.refunds().await),
+        (2, 0),
+        "nothing committed"
+    );
+
+    // A result over the layer's limit: refused the same way.
+    let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = Arc::clone(&runs);
+    let steps = StepLayer::new(db.store.clone())
+        .result_limit(4)
+        .layer(tower::service_fn(move |req: http::Request<String>| {
+            let (schema, runs) = (schema.clone(), Arc::clone(&counted));
+            async move {
+                runs.fetch_add(1, SeqCst);
+                let claim = claim_of(&req)?;
+                let mut tx = claim.transaction().await?;
+                let refunded = insert_refund(&schema, &mut tx, 40).await?;
+                claim.commit(tx, refunded).await
+            }
+        }));
+    let over = steps.oneshot(refund_step("run-9")).await.unwrap_err();
+    assert!(over.is_inner(), "{over:?}");
+    assert_eq!((runs.load(SeqCst), db.refunds().await), (1, 0));
 }
 
 #[tokio::test]
@@ -497,7 +525,7 @@ async fn at_serializable_a_conflict_rolls_back_and_each_step_commits_once() {
                     barrier.wait().await; // both first attempts have read
                 }
                 let refunded = insert_refund(&schema, &mut tx, 40 + total).await?;
-                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                let refunded = claim.commit(tx, refunded).await?;
                 Ok::<_, BoxError>(refunded)
             }
         },
@@ -540,7 +568,7 @@ async fn an_effect_rolled_back_to_a_savepoint_stays_rolled_back_and_the_rest_com
                     savepoint.rollback().await?;
                 }
                 let refunded = insert_refund(&schema, &mut tx, 40).await?;
-                tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+                let refunded = claim.commit(tx, refunded).await?;
                 Ok::<_, BoxError>(refunded)
             }
         },
@@ -582,7 +610,7 @@ fn calls_out_then_commits(
             if n == 0 {
                 return Err("the ledger write failed after the payments call".into());
             }
-            tower_once_step::postgres::commit(&claim, tx, &refunded).await?;
+            let refunded = claim.commit(tx, refunded).await?;
             Ok(refunded)
         }
     })

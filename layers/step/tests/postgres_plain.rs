@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{BoxError, Layer, ServiceExt};
 use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
-use tower_once_idempotency::Claim;
 use tower_once_step::{Step, StepId, StepLayer};
 use tower_once_test_support::postgres::{database_url, Schema};
 
@@ -84,7 +83,10 @@ async fn on_a_plain_store_the_tool_gets_no_claim_and_the_step_records_its_result
             let (schema, runs) = (schema.clone(), Arc::clone(&counted));
             async move {
                 runs.fetch_add(1, SeqCst);
-                assert!(req.extensions().get::<Claim<PostgresStore>>().is_none());
+                assert!(req
+                    .extensions()
+                    .get::<tower_once_step::postgres::StepClaim<Refunded>>()
+                    .is_none());
                 let pool =
                     sqlx::PgPool::connect(&tower_once_test_support::postgres::database_url())
                         .await?;
