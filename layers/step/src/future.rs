@@ -3,12 +3,12 @@
 
 use crate::call::{derived_key, OnUnknown, Step, StepRequest};
 use crate::codec::Codec;
+use crate::config::Settings;
 use crate::error::StepError;
 use crate::handoff::hand_claim;
 use crate::held::Held;
-use crate::layer::Settings;
 use crate::metrics::{self, Outcome};
-use crate::output::StepOutput;
+use crate::output::{Output, StepOutput};
 use crate::pending::Pending;
 use crate::record;
 use crate::settle::{encode, record_result, replay, settled_by_tool, settled_step};
@@ -29,8 +29,6 @@ use tower_once_idempotency::store::{
 use tower_once_idempotency::JobRecord;
 use tower_service::Service;
 use tracing::Instrument;
-
-pub(crate) type Output<T, E> = Result<StepOutput<T>, StepError<E>>;
 
 /// The future of [`Steps`](crate::Steps).
 ///

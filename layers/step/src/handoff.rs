@@ -1,7 +1,7 @@
 //! Handing a tool the step's claim, on a store whose claim is the tool's transaction (a
 //! transactional `PostgresStore`, feature `postgres`).
 
-use crate::layer::Settings;
+use crate::config::Settings;
 use std::sync::Arc;
 use tower_once_idempotency::store::{ClaimToken, StoreKey};
 use tower_once_idempotency::JobRecord;

@@ -138,6 +138,7 @@
 
 mod call;
 mod codec;
+mod config;
 mod error;
 mod future;
 mod handoff;
@@ -157,12 +158,11 @@ mod verify;
 
 pub use self::call::{OnUnknown, Step, StepRequest};
 pub use self::codec::{Codec, Json};
+pub use self::config::{DEFAULT_LEASE, DEFAULT_MAX_WAIT, DEFAULT_RESULT_LIMIT, DEFAULT_RETENTION};
 pub use self::error::StepError;
 pub use self::future::ResponseFuture;
 pub use self::id::{StepId, MAX_ID_LEN};
-pub use self::layer::{
-    StepLayer, DEFAULT_LEASE, DEFAULT_MAX_WAIT, DEFAULT_RESULT_LIMIT, DEFAULT_RETENTION,
-};
+pub use self::layer::StepLayer;
 pub use self::output::StepOutput;
 pub use self::service::Steps;
 pub use self::verify::{Verified, Verify};

@@ -1,5 +1,10 @@
 //! What a step returns: the result, and whether it was called, replayed or left unrecorded.
 
+use crate::error::StepError;
+
+/// What a step's future yields.
+pub(crate) type Output<T, E> = Result<StepOutput<T>, StepError<E>>;
+
 /// A step's result. See the [crate docs](crate).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepOutput<T> {

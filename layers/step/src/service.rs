@@ -2,9 +2,9 @@
 
 use crate::call::{Step, StepRequest};
 use crate::codec::{Codec, Json};
+use crate::config::Settings;
 use crate::error::StepError;
 use crate::future::{run, ResponseFuture};
-use crate::layer::Settings;
 use crate::output::StepOutput;
 use crate::verify::Verify;
 use std::fmt;

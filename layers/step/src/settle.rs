@@ -3,9 +3,8 @@
 
 use crate::codec::Codec;
 use crate::error::StepError;
-use crate::future::Output;
 use crate::held::Held;
-use crate::output::StepOutput;
+use crate::output::{Output, StepOutput};
 use crate::record;
 use crate::record::Recorded;
 use std::time::Duration;
