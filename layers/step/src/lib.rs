@@ -64,14 +64,15 @@
 //! | any other error (a timeout, a reset), policy `RunAgain` | none: released; the next attempt sends again, with the same key | [`StepError::is_inner`] |
 //! | any other error, policy `Refuse` | asks the `verify` hook as above; without one: unknown, recorded | the verified result, or [`StepError::is_unknown`] with the error inside |
 //! | the step's future dropped (a caller's timeout) | released, on a task of its own; an unkeyed call's sent mark stays, so the next attempt settles it as above | — |
-//! | the process killed | the claim ends with its lease; an unkeyed call's mark stays, so the next owner settles it unknown | — |
+//! | the process killed | the claim ends with its lease; an unkeyed call's mark stays, so the next owner settles it (the `verify` hook, or unknown) | — |
 //!
 //! # Unknown outcomes
 //!
 //! A call that timed out may have had its effect. The safe way to send it again is with a key
-//! the downstream honours: [`Step::keyed`] stamps [`StepId::idempotency_key`] (`step-` and
-//! 32 hex digits, derived from the step, the same in every process) as `Idempotency-Key`, and
-//! the step's policy becomes [`OnUnknown::RunAgain`]. Without a key, a request that is not
+//! the downstream honours: [`Step::keyed`] stamps [`Step::idempotency_key`] (`step-` and 32
+//! hex digits, derived from the step and its scope, the same in every process; or the
+//! request's own non-empty `Idempotency-Key`) as `Idempotency-Key`, and the step's policy
+//! becomes [`OnUnknown::RunAgain`]. Without a key, a request that is not
 //! idempotent gets [`OnUnknown::Refuse`]: before it is sent, the step writes a "sent" mark in
 //! the store (one more round trip), and any later attempt that finds the mark without a
 //! result records the step as unknown and never sends it. A [`verify`](StepLayer::verify)
