@@ -200,7 +200,7 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
             Kind::Inner(e) => write!(f, "the step's call failed: {e}"),
             Kind::Unknown { key, .. } => write!(
                 f,
-                "the step's outcome is unknown: an earlier call (key {key}) was sent and never recorded, and the step may not be sent twice"
+                "the step's outcome is unknown: a call that may have been sent (carrying, or for a call without a key named, {key}) was never recorded, and the step may not be sent twice"
             ),
             Kind::Mismatch => f.write_str("the step is recorded with other arguments; nothing sent"),
             Kind::InProgress => f.write_str("the step is still running elsewhere at the deadline; nothing sent"),

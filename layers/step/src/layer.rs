@@ -100,7 +100,9 @@ impl<St: Clone, C: Clone, K: Clone, V: Clone> StepLayer<St, C, K, V> {
     /// which answers are its result, so that an upstream `409`, `429`, `4xx` or `5xx` is
     /// returned but never stored as the tool's result. `Action::Stop` marks a refusal (the
     /// call did not happen); `Action::Retry` an answer that may have had its effect (a `5xx`),
-    /// which a step that may not be sent twice treats as an unknown outcome.
+    /// which a step that may not be sent twice treats as an unknown outcome. Errors are not
+    /// classified: one that says the call was never sent (`Unsent`) frees the step; any
+    /// other may have run, and the step's [`OnUnknown`](crate::OnUnknown) policy decides.
     ///
     /// ```
     /// use tower_once_core::classify::Action;
@@ -131,7 +133,9 @@ impl<St: Clone, C: Clone, K: Clone, V: Clone> StepLayer<St, C, K, V> {
 
     /// Asks the downstream whether a call whose outcome is unknown happened, before the step
     /// is recorded as unknown: see [`Verify`](crate::Verify). Only steps that may not be sent
-    /// twice ([`OnUnknown::Refuse`](crate::OnUnknown)) ask.
+    /// twice ([`OnUnknown::Refuse`](crate::OnUnknown)) ask. One hook serves every tool under
+    /// the layer: branch on [`StepId::tool`](crate::StepId::tool) (and find the call by its
+    /// run, [`StepId::run`](crate::StepId::run)).
     pub fn verify<V2: Clone>(self, verify: V2) -> StepLayer<St, C, K, V2> {
         self.map(|s| Settings {
             store: s.store,

@@ -25,7 +25,9 @@
 //! let mut refunds = StepLayer::new(MemoryStore::new())
 //!     .classify(|r: &Result<Refund, std::io::Error>| match r {
 //!         Ok(r) if r.status < 300 => tower_once_core::classify::Action::Success,
-//!         _ => tower_once_core::classify::Action::Stop, // never stored as the tool's result
+//!         // Never stored as the tool's result: a 5xx may follow the effect, a 4xx refuses.
+//!         Ok(r) if r.status >= 500 => tower_once_core::classify::Action::Retry { after: None },
+//!         _ => tower_once_core::classify::Action::Stop,
 //!     })
 //!     .layer(payments);
 //!
@@ -113,7 +115,7 @@
 //!
 //! Each step runs in a `step` span with `step.run`, `step.position`, `step.tool`,
 //! `step.occurrence` and, at its end, `step.outcome` (`called`, `replayed`, `unknown`,
-//! `mismatch`, `in_progress`, `failed`). With the `metrics` feature:
+//! `mismatch`, `in_progress`, `failed`; a result the verify hook found counts as `called`). With the `metrics` feature:
 //! `tower_once_step_steps_total{outcome}` and `tower_once_step_waits_total` (steps that
 //! waited for another owner).
 //!
