@@ -76,27 +76,72 @@ impl Pipeline {
         }
     }
 
-    /// Starts `role` under `name` with extra flags; HTTP roles are waited for.
+    /// Starts `role` under `name` with extra flags; HTTP roles are waited for. A port taken
+    /// between `free_port` and the role's bind (another test's server, tests run in parallel)
+    /// makes the role exit: it is started again on another port, and the roles started after
+    /// it are given that one.
     pub(crate) fn start(&mut self, name: &str, role: &str, extra: &[&str]) {
+        for _ in 0..5 {
+            let (child, stdout) = self.spawn(name, role, extra);
+            let mut child = child;
+            let Some(port) = self.port_of(role) else {
+                self.keep(name, child, stdout);
+                return;
+            };
+            wait_for_port(port, LIMIT);
+            // Ours, or another process's on the same port? Ours is still running a moment on.
+            std::thread::sleep(Duration::from_millis(300));
+            if child.try_wait().ok().flatten().is_none() {
+                self.keep(name, child, stdout);
+                return;
+            }
+            match role {
+                "api" => self.api = free_port(),
+                "model" => self.model = free_port(),
+                _ => self.mailer = free_port(),
+            }
+        }
+        panic!("{role} could not bind a free port in five tries");
+    }
+
+    fn port_of(&self, role: &str) -> Option<u16> {
+        match role {
+            "api" => Some(self.api),
+            "model" => Some(self.model),
+            "mailer" => Some(self.mailer),
+            _ => None,
+        }
+    }
+
+    fn keep(&mut self, name: &str, child: std::process::Child, stdout: std::path::PathBuf) {
+        self.procs.insert(
+            name.to_owned(),
+            Proc {
+                child: Some(child),
+                stdout,
+            },
+        );
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        role: &str,
+        extra: &[&str],
+    ) -> (std::process::Child, std::path::PathBuf) {
         let binary = example_binary_with("pipeline", "worker outbox postgres");
         let stdout = std::env::temp_dir().join(format!(
             "tower-once-pipeline-{}-{}-{name}.out",
             std::process::id(),
             fastrand::u32(..)
         ));
-        let port = match role {
-            "api" => Some(self.api),
-            "model" => Some(self.model),
-            "mailer" => Some(self.mailer),
-            _ => None,
-        };
         let mut cmd = Command::new(binary);
         cmd.arg(role)
             .args(["--redis", &self.redis.url(), "--postgres", &self.db.url()])
             .args(["--model", &format!("http://127.0.0.1:{}", self.model)])
             .args(["--mailer", &format!("http://127.0.0.1:{}", self.mailer)])
             .args(["--poll-ms", "200"]);
-        if let Some(port) = port {
+        if let Some(port) = self.port_of(role) {
             cmd.args(["--addr", &format!("127.0.0.1:{port}")]);
         }
         let child = cmd
@@ -106,16 +151,7 @@ impl Pipeline {
             .stderr(Stdio::null())
             .spawn()
             .expect("start the pipeline example");
-        if let Some(port) = port {
-            wait_for_port(port, LIMIT);
-        }
-        self.procs.insert(
-            name.to_owned(),
-            Proc {
-                child: Some(child),
-                stdout,
-            },
-        );
+        (child, stdout)
     }
 
     /// Every role, worker and relay with `claim_idle`/lease `claim_idle_ms`.
