@@ -5,6 +5,7 @@
 # leaves `sha2::sha256::compress256` out (on hardware with SHA-NI it costs a small fraction).
 # Usage: bash benches/callgrind.sh [N] [CASE...]   (every case by default; needs valgrind:
 # apt-get install valgrind). BENCH=step counts benches/step.rs's cases instead (name them).
+# FEATURES=worker builds the bench with those features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
@@ -15,7 +16,7 @@ cases=("$@")
   tower_hedge once_hedge tower_hedge_unarmed once_hedge_percentile)
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
 bench=${BENCH:-cost}
-bin=$(cargo bench --bench "$bench" --no-run --message-format=json 2>/dev/null \
+bin=$(cargo bench --bench "$bench" ${FEATURES:+--features "$FEATURES"} --no-run --message-format=json 2>/dev/null \
   | sed -n "s/.*\"executable\":\"\([^\"]*$bench-[^\"]*\)\".*/\1/p" | tail -n 1)
 [ -x "$bin" ] || { echo "could not build benches/$bench.rs"; exit 1; }
 out=$(mktemp -d)

@@ -13,7 +13,7 @@ pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(60);
 /// Default limit on an encoded result: a larger one is returned but not stored.
 pub const DEFAULT_RESULT_LIMIT: usize = 1024 * 1024;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Settings<St, C, K, V> {
     pub(crate) store: St,
     pub(crate) codec: C,

@@ -29,7 +29,30 @@ enum Kind<E> {
     Misused(&'static str),
 }
 
+/// A step error as the run-once layer reads it.
+pub(crate) enum Cause<E> {
+    Inner(E),
+    Mismatch,
+    InProgress,
+    Store(StoreError),
+    /// Anything else, said in words.
+    Other(String),
+}
+
 impl<E> StepError<E> {
+    pub(crate) fn into_cause(self) -> Cause<E> {
+        match self.kind {
+            Kind::Inner(e) => Cause::Inner(e),
+            Kind::Mismatch => Cause::Mismatch,
+            Kind::InProgress => Cause::InProgress,
+            Kind::Store(e) => Cause::Store(e),
+            Kind::Codec(e) => Cause::Other(format!("the record does not read: {e}")),
+            Kind::Misused(why) => Cause::Other(why.to_owned()),
+            Kind::Unknown { .. } => Cause::Other("recorded as an unknown outcome".to_owned()),
+            Kind::MissingScope | Kind::Invalid => Cause::Other("an invalid id".to_owned()),
+        }
+    }
+
     pub(crate) fn inner(error: E) -> Self {
         Self {
             kind: Kind::Inner(error),

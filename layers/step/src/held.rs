@@ -42,16 +42,17 @@ impl<St: IdempotencyStore> Held<St> {
         let (store, token) = (&self.store, self.token);
         let mut claim = Lease::new(store.clone(), self.key, token, lease);
         let mut claim_timer = std::pin::pin!(tokio::time::sleep(claim.interval()));
-        let mut mark = self
-            .marker
-            .map(|marker| Lease::new(store.clone(), marker, token, self.retention));
-        let interval = mark.as_ref().map_or(self.retention, Lease::interval);
-        let mut mark_timer = std::pin::pin!(tokio::time::sleep(interval));
+        // The mark's timer only when there is a mark: most calls have none.
+        let mut mark = self.marker.map(|marker| {
+            let mark = Lease::new(store.clone(), marker, token, self.retention);
+            let timer = Box::pin(tokio::time::sleep(mark.interval()));
+            (mark, timer)
+        });
         let mut work = std::pin::pin!(work);
         std::future::poll_fn(|cx| {
             claim.poll_renew(claim_timer.as_mut(), cx);
-            if let Some(mark) = mark.as_mut() {
-                mark.poll_renew(mark_timer.as_mut(), cx);
+            if let Some((mark, timer)) = mark.as_mut() {
+                mark.poll_renew(timer.as_mut(), cx);
             }
             work.as_mut().poll(cx)
         })

@@ -91,6 +91,14 @@
 //! result limit), one commit.
 //! A failure or a crash before it leaves neither, and the step runs again at once.
 //!
+//! # Run once per message
+//!
+//! [`run_once::RunOnceLayer`] is this mechanism with a message's identity instead of a step's:
+//! a job from a queue, an event, a webhook, delivered at least once, runs its handler once
+//! per id (any type that implements [`run_once::Delivery`]). A done id is a duplicate; a
+//! delivery whose id is running elsewhere is not waited for (the queue delivers it again);
+//! a failure frees the id. The worker of `tower-once-worker` runs its jobs with it.
+//!
 //! # Costs
 //!
 //! A replay is one store round trip and a decode; a fresh keyed step two (claim, record); a
@@ -142,6 +150,7 @@
 mod call;
 mod codec;
 mod config;
+mod engine;
 mod error;
 mod future;
 mod handoff;
@@ -155,6 +164,7 @@ mod pending;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 mod record;
+pub mod run_once;
 mod service;
 mod settle;
 mod verify;

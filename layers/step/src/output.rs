@@ -14,10 +14,18 @@ pub struct StepOutput<T> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum How {
-    Called { waited: bool },
-    Replayed { waited: bool },
-    Verified { waited: bool },
+    Called {
+        waited: bool,
+    },
+    Replayed {
+        waited: bool,
+    },
+    Verified {
+        waited: bool,
+    },
     NotRecorded,
+    /// The tool answered, but its transaction (and the record in it) rolled back.
+    RolledBack,
 }
 
 impl<T> StepOutput<T> {
@@ -47,6 +55,18 @@ impl<T> StepOutput<T> {
             value,
             how: How::NotRecorded,
         }
+    }
+
+    pub(crate) fn rolled_back(value: T) -> Self {
+        Self {
+            value,
+            how: How::RolledBack,
+        }
+    }
+
+    /// Whether the tool's transaction rolled back the record it wrote (and its effects).
+    pub(crate) fn is_rolled_back(&self) -> bool {
+        matches!(self.how, How::RolledBack)
     }
 
     /// The stored result was returned; nothing was sent.
@@ -79,7 +99,7 @@ impl<T> StepOutput<T> {
     /// idempotent step calls again; one of a step that may not be sent twice asks the verify
     /// hook or is settled unknown (its sent mark stays).
     pub fn is_recorded(&self) -> bool {
-        !matches!(self.how, How::NotRecorded)
+        !matches!(self.how, How::NotRecorded | How::RolledBack)
     }
 
     /// The result.

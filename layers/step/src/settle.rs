@@ -46,7 +46,7 @@ pub(crate) async fn record_result<T, St: IdempotencyStore>(
             return StepOutput::not_recorded(value);
         }
     };
-    let completion = Completion::Response(record::done(stored));
+    let completion = Completion::Response(stored);
     let completed = held.complete(completion, retention).await;
     match completed {
         Ok(true) => made(value),
@@ -88,7 +88,7 @@ pub(crate) async fn settled_step<T, St: IdempotencyStore>(
                 "step: the tool answered, but its transaction rolled back; the step is not done"
             );
             held.release().await;
-            Ok(StepOutput::not_recorded(value))
+            Ok(StepOutput::rolled_back(value))
         }
         Err(error) => {
             tracing::warn!(%error, "step: could not read whether the tool's transaction committed; the step is not done");

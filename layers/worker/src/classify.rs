@@ -198,10 +198,43 @@ mod tests {
         assert!(retry.is_permanent());
         let retry = RetryError::new(GiveUp::Exhausted, 4, JobError::transient("x"));
         assert!(!retry.is_permanent());
-        let boxed: BoxError = Box::new(RunOnceError::inner(JobError::permanent("x")));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_mark_is_found_through_run_once() {
+        use crate::{Job, JobId, RunOnceLayer};
+        use tower::{Layer, ServiceExt};
+        let store = tower_once_idempotency::store::MemoryStore::new();
+        let layer = RunOnceLayer::new(store);
+        let job = |entry: &str| Job::new(entry, JobId::new("job-1").unwrap(), "{}", 1);
+        let failing = tower::service_fn(|_: Job| async { Err::<(), _>(JobError::permanent("x")) });
+        let Err(error) = layer.layer(failing).oneshot(job("1-0")).await else {
+            panic!("the handler failed")
+        };
+        let boxed: BoxError = Box::new(error);
         assert!(boxed.is_permanent());
-        let in_progress: RunOnceError<JobError> = RunOnceError::in_progress();
+
+        // A delivery of the same entry while it runs.
+        let (started, release) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
+        let (started, release) = (std::sync::Arc::new(started), std::sync::Arc::new(release));
+        let (s, r) = (started.clone(), release.clone());
+        let slow = tower::service_fn(move |_: Job| {
+            let (s, r) = (s.clone(), r.clone());
+            async move {
+                s.notify_one();
+                r.notified().await;
+                Ok::<_, JobError>(())
+            }
+        });
+        let running = tokio::spawn(layer.layer(slow.clone()).oneshot(job("1-0")));
+        started.notified().await;
+        let Err(in_progress) = layer.layer(slow).oneshot(job("1-0")).await else {
+            panic!("the same entry is running")
+        };
+        assert!(in_progress.is_in_progress());
         assert!(!in_progress.is_permanent());
+        release.notify_one();
+        assert!(running.await.unwrap().is_ok());
     }
 
     #[test]

@@ -22,11 +22,6 @@ impl<E> RunOnceError<E> {
         Self(Repr::Inner(e))
     }
 
-    #[cfg(test)]
-    pub(crate) fn in_progress() -> Self {
-        Self(Repr::InProgress)
-    }
-
     /// The handler ran and failed (its claim was released, so a redelivery runs it again).
     pub fn is_inner(&self) -> bool {
         matches!(self.0, Repr::Inner(_))
@@ -40,6 +35,12 @@ impl<E> RunOnceError<E> {
     /// The store failed; the handler did not run.
     pub fn is_store(&self) -> bool {
         matches!(self.0, Repr::Store(_))
+    }
+
+    /// The handler returned `Ok`, but its transaction rolled back the record it wrote, and
+    /// its effects with it: the claim is released and the message runs again.
+    pub fn is_rolled_back(&self) -> bool {
+        matches!(self.0, Repr::RolledBack)
     }
 
     /// The handler's error.

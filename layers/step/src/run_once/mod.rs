@@ -1,0 +1,307 @@
+//! Run a message's effect once per id: a job from a queue, a webhook, an event, delivered at
+//! least once.
+//!
+//! A queue delivers at least once: a consumer that dies after the effect but before its
+//! acknowledgement has the message delivered again, and a producer retried by its caller
+//! enqueues the same message twice. [`RunOnceLayer`] is a step whose identity is the
+//! message's id ([`Delivery::once_key`]): the same mechanism as [`StepLayer`](crate::StepLayer)
+//! (claim, lease renewed while the handler runs, record, release on failure or drop), with a
+//! queue's answers:
+//!
+//! | the store has the message's id | the layer | the consumer then |
+//! |---|---|---|
+//! | nothing (or an expired claim) | claims it, runs the handler with the lease renewed every third of it; `Ok` → records it done, `Err` → releases the claim | acts on the handler's outcome |
+//! | done | returns [`RunOnceOutcome::Duplicate`], the handler does not run | acknowledges |
+//! | in progress by another message with the same id (a duplicate enqueue) | returns [`RunOnceOutcome::Duplicate`]: the running one stays pending until it is done, or is delivered again if it fails | acknowledges |
+//! | in progress by this very delivery (taken over while it still runs) | returns an error that [`is_in_progress`](RunOnceError::is_in_progress): not waited for | leaves it pending (delivered again) |
+//! | store unreachable | returns an error that [`is_store`](RunOnceError::is_store) | leaves it pending |
+//!
+//! A run dropped while its handler runs (a panic, a cancelled deadline or shutdown) releases
+//! its claim at once, on a task of its own (fenced by the claim: a record that committed
+//! stays). On a store whose records the handler's transaction can write (the Postgres store),
+//! the handler gets the store's [`Claim`](tower_once_idempotency::Claim) in the message's
+//! extensions and records the run done in the transaction of its effects; once it returns
+//! `Ok`, the layer reads the record: committed, it writes nothing more; rolled back with the
+//! effects, the run is an error ([`is_rolled_back`](RunOnceError::is_rolled_back)) so the
+//! message runs again.
+//!
+//! The worker of `tower-once-worker` implements [`Delivery`] for its jobs, and re-exports
+//! this layer; its docs show run-once in a job's transaction.
+
+mod error;
+mod handler;
+mod outcome;
+
+pub use self::error::RunOnceError;
+pub use self::handler::ResponseFuture;
+pub use self::outcome::RunOnceOutcome;
+
+use self::error::Repr;
+use self::handler::{Failed, Handler, Nothing};
+use crate::call::{OnUnknown, StepRequest};
+use crate::config::{Settings, DEFAULT_MAX_WAIT, DEFAULT_RESULT_LIMIT};
+use crate::engine::{once, Call, Kind};
+use crate::error::{Cause, StepError};
+use crate::id::StepId;
+use crate::output::StepOutput;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_layer::Layer;
+use tower_once_core::classify::RetryOnError;
+use tower_once_idempotency::fingerprint::Fingerprint;
+use tower_once_idempotency::store::{IdempotencyStore, StoreError, StoreKey};
+use tower_service::Service;
+
+/// Default lease of a run-once claim.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default retention of a "done" record.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// A message delivered at least once whose effect must happen once per id.
+/// [`RunOnceLayer`] runs it once per [`once_key`](Self::once_key).
+///
+/// ```
+/// use tower_once_step::run_once::Delivery;
+/// use tower_once_step::StepRequest;
+/// use tower_once_idempotency::fingerprint::Fingerprint;
+/// use tower_once_idempotency::store::StoreKey;
+/// use sha2::{Digest, Sha256};
+///
+/// /// An order event from a queue: `event_id` names its effect, `receipt` the delivery.
+/// struct OrderEvent { event_id: String, receipt: String }
+///
+/// impl StepRequest for OrderEvent {}
+///
+/// impl Delivery for OrderEvent {
+///     fn once_key(&self) -> StoreKey {
+///         let digest = Sha256::new().chain_update("orders/v1\0").chain_update(&self.event_id);
+///         StoreKey::from_bytes(digest.finalize().into())
+///     }
+///     fn delivery(&self) -> Fingerprint {
+///         Fingerprint::from_bytes(Sha256::digest(&self.receipt).into())
+///     }
+/// }
+/// ```
+pub trait Delivery: StepRequest {
+    /// The store key of the effect the message names: the same for every delivery of it and
+    /// every duplicate enqueue. Derive it with a prefix of your own (a hash over a tag and
+    /// the id), so it never meets another kind of record in a shared store.
+    fn once_key(&self) -> StoreKey;
+
+    /// Which delivery this is (a stream entry, a receipt): a second delivery of the same one
+    /// while it runs is left in progress (acknowledging it would lose the message if the
+    /// running one then fails), while another message with the same id is a duplicate.
+    fn delivery(&self) -> Fingerprint;
+}
+
+/// Wraps a handler so each message's effect runs once per id. See the [module docs](self).
+///
+/// The handler's deadline ([`StepRequest::deadline`]) is put back in scope around its call,
+/// so a `TimeoutLayer` or `RetryLayer` inside still sees it after the claim.
+pub struct RunOnceLayer<St> {
+    settings: Arc<Settings<St, Nothing, RetryOnError, ()>>,
+}
+
+impl<St> RunOnceLayer<St> {
+    /// Run-once on `store`, with a 30 s lease and 24 h retention.
+    pub fn new(store: St) -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                store,
+                codec: Nothing,
+                classifier: RetryOnError,
+                verify: (),
+                lease: DEFAULT_LEASE,
+                retention: DEFAULT_RETENTION,
+                max_wait: DEFAULT_MAX_WAIT,
+                result_limit: DEFAULT_RESULT_LIMIT,
+                scoped: false,
+            }),
+        }
+    }
+}
+
+impl<St: Clone> RunOnceLayer<St> {
+    fn with(self, f: impl FnOnce(&mut Settings<St, Nothing, RetryOnError, ()>)) -> Self {
+        let mut settings = Arc::unwrap_or_clone(self.settings);
+        f(&mut settings);
+        Self {
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// How long a claim lives without renewal; renewed every third of it while the handler
+    /// runs. A delivery arriving while a dead consumer's claim is unexpired is left pending.
+    /// Under a queue that redelivers a silent consumer's messages after some idle time (the
+    /// worker's `claim_idle`), use at most half of it: the crashed delivery's claim has then
+    /// always expired by the time its message is taken over.
+    ///
+    /// # Panics
+    ///
+    /// If `lease` is under 3 ms.
+    pub fn lease(self, lease: Duration) -> Self {
+        assert!(
+            lease >= Duration::from_millis(3),
+            "RunOnceLayer::lease must be at least 3 ms"
+        );
+        self.with(|s| s.lease = lease)
+    }
+
+    /// How long a "done" record is kept (duplicates within it are acknowledged unrun).
+    ///
+    /// # Panics
+    ///
+    /// If `retention` is zero.
+    pub fn retention(self, retention: Duration) -> Self {
+        assert!(
+            !retention.is_zero(),
+            "RunOnceLayer::retention must not be zero"
+        );
+        self.with(|s| s.retention = retention)
+    }
+}
+
+impl<St> Clone for RunOnceLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for RunOnceLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunOnceLayer")
+            .field("store", &self.settings.store)
+            .field("lease", &self.settings.lease)
+            .field("retention", &self.settings.retention)
+            .finish()
+    }
+}
+
+impl<S, St> Layer<S> for RunOnceLayer<St> {
+    type Service = RunOnce<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RunOnce {
+            inner,
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+/// The service of [`RunOnceLayer`].
+pub struct RunOnce<S, St> {
+    inner: S,
+    settings: Arc<Settings<St, Nothing, RetryOnError, ()>>,
+}
+
+impl<S, St> RunOnce<S, St> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The store of the run-once records.
+    pub fn store_ref(&self) -> &St {
+        &self.settings.store
+    }
+}
+
+impl<S: Clone, St> Clone for RunOnce<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug> fmt::Debug for RunOnce<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunOnce")
+            .field("inner", &self.inner)
+            .field("store", &self.settings.store)
+            .field("lease", &self.settings.lease)
+            .field("retention", &self.settings.retention)
+            .finish()
+    }
+}
+
+impl<S, St, Req> Service<Req> for RunOnce<S, St>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+    Req: Delivery + Send + 'static,
+    St: IdempotencyStore,
+{
+    type Response = RunOnceOutcome<S::Response>;
+    type Error = RunOnceError<S::Error>;
+    type Future = ResponseFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(RunOnceError::inner)
+    }
+
+    fn call(&mut self, message: Req) -> Self::Future {
+        // The ready service goes into the future; the clone stays for the next poll_ready.
+        let clone = self.inner.clone();
+        let handler = Handler(std::mem::replace(&mut self.inner, clone));
+        let settings = Arc::clone(&self.settings);
+        let deadline = message.deadline();
+        ResponseFuture::new(async move {
+            // NOTE: the record's fingerprint names the delivery that claimed it, so that a
+            // second delivery can tell another message with the same id (a duplicate: its
+            // record's fingerprint differs) from the same delivery again while it runs.
+            let call = Call {
+                kind: Kind::Delivery,
+                // Never marked, verified nor keyed (its policy is `RunAgain`): the step id
+                // names nothing, and costs no allocation.
+                id: StepId::new(String::new(), 0, String::new()),
+                key: message.once_key(),
+                scope: Vec::new(),
+                arguments: message.delivery(),
+                request: message,
+                // A failed run is run again: at least once, once per id when it succeeds.
+                policy: OnUnknown::RunAgain,
+                keyed: false,
+            };
+            answer(once(handler, &settings, call, deadline).await)
+        })
+    }
+}
+
+/// What the step mechanism's answer is to a consumer.
+fn answer<R, E>(
+    output: Result<StepOutput<RunOnceOutcome<R>>, StepError<Failed<E>>>,
+) -> Result<RunOnceOutcome<R>, RunOnceError<E>> {
+    match output {
+        Ok(output) if output.is_rolled_back() => Err(RunOnceError(Repr::RolledBack)),
+        // Done now (recorded, or, when the record could not be written, logged: the effect
+        // happened), or a duplicate of a done run.
+        Ok(output) => Ok(output.into_value()),
+        Err(error) => match error.into_cause() {
+            // The id's record names another delivery: a duplicate of a message that ran,
+            // or of one still running (which stays pending until it is done).
+            Cause::Mismatch => Ok(RunOnceOutcome::Duplicate),
+            Cause::InProgress => Err(RunOnceError(Repr::InProgress)),
+            Cause::Inner(Failed(e)) => Err(RunOnceError(Repr::Inner(e))),
+            Cause::Store(e) => Err(RunOnceError(Repr::Store(e))),
+            Cause::Other(why) => Err(RunOnceError(Repr::Store(StoreError::corrupt(why)))),
+        },
+    }
+}
