@@ -94,6 +94,9 @@ where
         self.inner.poll_ready(cx).map_err(TimeoutError::inner)
     }
 
+    // NOTE: inlined into the caller (a boxing or mapping layer above), it writes the future
+    // where the caller keeps it, without a call frame of its own.
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         let cap = Cap::new(self.limit, Deadline::of(&req));
         if cap.is_spent() {
