@@ -67,26 +67,31 @@ impl Deadline {
     }
 
     /// The deadline at `instant`.
+    #[inline]
     pub const fn at(instant: Instant) -> Self {
         Self(instant)
     }
 
     /// The instant.
+    #[inline]
     pub const fn instant(self) -> Instant {
         self.0
     }
 
     /// Time left, zero once passed.
+    #[inline]
     pub fn remaining(self) -> Duration {
         self.0.saturating_duration_since(Instant::now())
     }
 
     /// Whether the deadline has passed.
+    #[inline]
     pub fn is_expired(self) -> bool {
         self.0 <= Instant::now()
     }
 
     /// The deadline of the innermost enclosing [`scope`](Self::scope) on this thread, if any.
+    #[inline]
     pub fn current() -> Option<Self> {
         CURRENT.with(Cell::get)
     }

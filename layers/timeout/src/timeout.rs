@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_once_core::carrier::Carrier;
 use tower_service::Service;
@@ -94,6 +94,9 @@ where
         self.inner.poll_ready(cx).map_err(TimeoutError::inner)
     }
 
+    // NOTE: inlined into the caller (a boxing or mapping layer above), it writes the future
+    // where the caller keeps it, without a call frame of its own.
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         let cap = Cap::new(self.limit, Deadline::of(&req));
         if cap.is_spent() {
@@ -116,8 +119,13 @@ pin_project! {
         // copy of the (large) timer between states.
         #[pin]
         inner: Option<F>,
+        // The timer, made by the first poll that finds the inner future pending (or the
+        // deadline in scope earlier than `until`): a call that answers at once never makes one,
+        // so it neither looks up the runtime's handle nor clones (and drops) its `Arc`.
         #[pin]
-        sleep: Sleep,
+        sleep: Option<Sleep>,
+        // When the call times out: the timer's deadline once there is a timer.
+        until: Instant,
         elapsed: Elapsed,
     }
 }
@@ -127,15 +135,18 @@ impl<F> ResponseFuture<F> {
     pub(crate) fn new(inner: F, cap: Cap) -> Self {
         Self {
             inner: Some(inner),
-            sleep: tokio::time::sleep_until(cap.until),
+            sleep: None,
+            until: cap.until,
             elapsed: cap.elapsed,
         }
     }
 
+    #[inline]
     pub(crate) fn spent(cap: Cap) -> Self {
         Self {
             inner: None,
-            sleep: tokio::time::sleep_until(cap.until),
+            sleep: None,
+            until: cap.until,
             elapsed: cap.elapsed,
         }
     }
@@ -147,25 +158,22 @@ where
 {
     type Output = Result<T, TimeoutError<E>>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let Some(inner) = this.inner.as_pin_mut() else {
-            this.elapsed.record("timeout");
-            tracing::debug!("deadline already spent; inner service not called");
-            return Poll::Ready(Err((*this.elapsed).into()));
+            return Poll::Ready(Err(timed_out_before_call(*this.elapsed)));
         };
         // The deadline in scope while the caller polls (`Deadline::in_scope`, a retry's
         // attempt polling this future across a `Buffer`) caps the call too. NOTE: checked
         // before the inner future is polled: one that passed already (a `Buffer` whose worker
         // called this layer late, outside the caller's scope) lets the inner future never run.
         if let Some(current) = Deadline::current() {
-            if current.instant() < this.sleep.deadline() {
-                *this.elapsed = Elapsed::new(current.remaining(), true);
-                this.sleep.as_mut().reset(current.instant());
-                if this.sleep.as_mut().poll(cx).is_ready() {
-                    this.elapsed.record("timeout");
-                    tracing::debug!("deadline in scope already passed; inner future not polled");
-                    return Poll::Ready(Err((*this.elapsed).into()));
+            if current.instant() < *this.until {
+                if let Poll::Ready(e) =
+                    tighten(this.sleep.as_mut(), this.until, this.elapsed, current, cx)
+                {
+                    return Poll::Ready(Err(e.into()));
                 }
             }
         }
@@ -174,13 +182,62 @@ where
         if let Poll::Ready(result) = inner.poll(cx) {
             return Poll::Ready(result.map_err(TimeoutError::inner));
         }
-        match this.sleep.poll(cx) {
-            Poll::Ready(()) => {
-                this.elapsed.record("timeout");
-                tracing::debug!(limit = ?this.elapsed.limit(), deadline = this.elapsed.is_deadline(), "call timed out");
-                Poll::Ready(Err((*this.elapsed).into()))
-            }
+        match arm(this.sleep, *this.until).poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(timed_out(*this.elapsed).into())),
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// The timer, made now if this is the first poll that needs it.
+#[inline]
+fn arm(mut sleep: Pin<&mut Option<Sleep>>, until: Instant) -> Pin<&mut Sleep> {
+    if sleep.is_none() {
+        sleep.set(Some(tokio::time::sleep_until(until)));
+    }
+    match sleep.as_pin_mut() {
+        Some(sleep) => sleep,
+        None => unreachable!("the timer was just made"),
+    }
+}
+
+/// The deadline in scope is earlier than the call's own: it becomes the call's bound (and the
+/// timer's), and the call times out at once if it has passed.
+#[cold]
+#[inline(never)]
+fn tighten(
+    mut sleep: Pin<&mut Option<Sleep>>,
+    until: &mut Instant,
+    elapsed: &mut Elapsed,
+    current: Deadline,
+    cx: &mut Context<'_>,
+) -> Poll<Elapsed> {
+    *until = current.instant();
+    *elapsed = Elapsed::new(current.remaining(), true);
+    match sleep.as_mut().as_pin_mut() {
+        Some(sleep) => sleep.reset(current.instant()),
+        None => sleep.set(Some(tokio::time::sleep_until(current.instant()))),
+    }
+    if arm(sleep, *until).poll(cx).is_ready() {
+        elapsed.record("timeout");
+        tracing::debug!("deadline in scope already passed; inner future not polled");
+        return Poll::Ready(*elapsed);
+    }
+    Poll::Pending
+}
+
+#[cold]
+#[inline(never)]
+fn timed_out_before_call<E>(elapsed: Elapsed) -> TimeoutError<E> {
+    elapsed.record("timeout");
+    tracing::debug!("deadline already spent; inner service not called");
+    elapsed.into()
+}
+
+#[cold]
+#[inline(never)]
+fn timed_out(elapsed: Elapsed) -> Elapsed {
+    elapsed.record("timeout");
+    tracing::debug!(limit = ?elapsed.limit(), deadline = elapsed.is_deadline(), "call timed out");
+    elapsed
 }

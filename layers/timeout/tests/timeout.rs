@@ -110,6 +110,41 @@ async fn a_shorter_deadline_wins_and_reaches_the_inner_call() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deadline_in_scope_while_polling_tightens_a_pending_call() {
+    // The call is made with no deadline (the limit bounds it), then polled in the scope of an
+    // earlier one: a later poll's tighter scope moves the timer again.
+    let slow = Slow::default();
+    let mut svc = TimeoutLayer::new(SEC).layer(slow.service());
+    svc.ready().await.unwrap();
+    let mut call = Box::pin(svc.call(Duration::from_secs(60)));
+    let started = Instant::now();
+    // Pending first with no scope: the limit's timer.
+    assert!(futures_util::poll!(call.as_mut()).is_pending());
+    let first = Deadline::after(Duration::from_millis(500));
+    assert!(first
+        .scope(|| futures_util::FutureExt::now_or_never(call.as_mut()))
+        .is_none());
+    let second = Deadline::after(Duration::from_millis(200));
+    let err = second.in_scope(call).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
+    let elapsed = err.elapsed().copied().unwrap();
+    assert!(elapsed.is_deadline());
+    assert_eq!(elapsed.limit(), Duration::from_millis(200));
+    assert_eq!(slow.dropped.load(SeqCst), 1);
+
+    // Tightened on its first poll (no timer yet), it fires at the scope's deadline too.
+    svc.ready().await.unwrap();
+    let started = Instant::now();
+    let deadline = Deadline::after(Duration::from_millis(300));
+    let err = deadline
+        .in_scope(svc.call(Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+    assert!(err.elapsed().unwrap().is_deadline());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_spent_deadline_never_calls_the_inner_service() {
     let slow = Slow::default();
     let mut svc = TimeoutLayer::new(SEC).layer(slow.service());
