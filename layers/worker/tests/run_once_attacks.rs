@@ -1,0 +1,60 @@
+//! Attacks on `RunOnceLayer` as the step mechanism (`engine::once`, `Kind::Delivery`), compared
+//! with the worker's own state machine it replaced (192d08c^:layers/worker/src/run_once/future.rs).
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tower::{Layer, Service, ServiceExt};
+use tower_once_idempotency::store::redis::RedisStore;
+use tower_once_idempotency::store::MemoryStore;
+use tower_once_test_support::redis::RedisServer;
+use tower_once_timeout::Deadline;
+use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
+
+fn job(entry: &str, id: &str) -> Job {
+    Job::new(entry, JobId::new(id).unwrap(), "{}", 1)
+}
+
+fn counting() -> (
+    impl tower::Service<Job, Response = (), Error = JobError, Future = impl Send> + Clone,
+    Arc<AtomicUsize>,
+) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let service = tower::service_fn(move |_job: Job| {
+        counter.fetch_add(1, SeqCst);
+        async { Ok::<_, JobError>(()) }
+    });
+    (service, runs)
+}
+
+/// FAILS on 192d08c. The job's deadline now bounds the claim (`timeout_at(deadline, claim)` in
+/// `engine::once`). Redis is slow for 300 ms (SIGSTOP, then SIGCONT: well within the store's own
+/// 1 s command timeout, so the store answers), and the delivery's deadline is 100 ms away: the
+/// run is answered `is_store` (a `StoreError::timeout` the store never raised) and the handler
+/// never runs. The old layer had no such bound: its claim was answered and the handler ran (its
+/// own timeout layers see the deadline in scope). "Store unreachable → is_store" is the table's
+/// row; here the store answered every command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_passing_during_a_slow_claim_is_not_a_store_failure() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let (handler, runs) = counting();
+    let run_once = RunOnceLayer::new(store).layer(handler);
+    let delivery = job("1-0", "late-1").with_deadline(Deadline::after(Duration::from_millis(100)));
+    server.signal("-STOP");
+    let (outcome, ()) = tokio::join!(run_once.clone().oneshot(delivery), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.signal("-CONT");
+    });
+    if let Err(error) = &outcome {
+        assert!(
+            !error.is_store(),
+            "a store that answered reported as failed ({error}); handler runs: {}",
+            runs.load(SeqCst)
+        );
+    }
+    assert!(matches!(outcome, Ok(RunOnceOutcome::Done(()))));
+    assert_eq!(runs.load(SeqCst), 1);
+}
