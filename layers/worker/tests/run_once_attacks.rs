@@ -58,3 +58,26 @@ async fn a_deadline_passing_during_a_slow_claim_is_not_a_store_failure() {
     assert!(matches!(outcome, Ok(RunOnceOutcome::Done(()))));
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+/// PASSES on 192d08c (FAILED before it). A run-once future made by `call` and dropped before its
+/// first poll (a `Buffer` or worker shutting down between `call` and the first poll) takes no
+/// claim. The old layer made the claim in `call` (the memory store claims eagerly), and its drop
+/// in `Claiming` released nothing: another entry with the same job id was then acknowledged as a
+/// Duplicate of a run that never happened.
+#[tokio::test(start_paused = true)]
+async fn a_future_dropped_before_its_first_poll_claims_nothing() {
+    let (handler, runs) = counting();
+    let mut run_once = RunOnceLayer::new(MemoryStore::new())
+        .lease(Duration::from_secs(3600))
+        .layer(handler);
+    std::future::poll_fn(|cx| run_once.poll_ready(cx))
+        .await
+        .unwrap();
+    drop(run_once.call(job("1-0", "never-polled")));
+    let other = run_once.clone().oneshot(job("2-0", "never-polled")).await;
+    assert!(
+        matches!(other, Ok(RunOnceOutcome::Done(()))),
+        "the job was answered {other:?} without running"
+    );
+    assert_eq!(runs.load(SeqCst), 1);
+}
