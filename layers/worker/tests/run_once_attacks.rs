@@ -81,3 +81,33 @@ async fn a_future_dropped_before_its_first_poll_claims_nothing() {
     );
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+/// PASSES on 192d08c (FAILED before it). A handler that panics in `call` (synchronously, before
+/// returning its future): the claim is released at once. The old layer called the handler while
+/// still in `Claiming`, and its drop released only `Running`/`Checking`: the job id stayed
+/// claimed for the lease (here an hour), each redelivery `is_in_progress`.
+#[tokio::test(start_paused = true)]
+async fn a_handler_panicking_in_call_releases_its_claim_at_once() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let handler = tower::service_fn(move |_job: Job| {
+        if counter.fetch_add(1, SeqCst) == 0 {
+            panic!("bad payload, in call");
+        }
+        async { Ok::<_, JobError>(()) }
+    });
+    let run_once = RunOnceLayer::new(MemoryStore::new())
+        .lease(Duration::from_secs(3600))
+        .layer(handler);
+    let first = tokio::spawn(run_once.clone().oneshot(job("1-0", "panics")));
+    assert!(first.await.unwrap_err().is_panic());
+    // Let a release spawned on a task of its own run.
+    tokio::task::yield_now().await;
+    let again = run_once.clone().oneshot(job("1-0", "panics")).await;
+    assert!(
+        matches!(again, Ok(RunOnceOutcome::Done(()))),
+        "the redelivery after the panic: {:?}",
+        again.map_err(|e| e.to_string())
+    );
+    assert_eq!(calls.load(SeqCst), 2);
+}
