@@ -111,3 +111,41 @@ async fn a_handler_panicking_in_call_releases_its_claim_at_once() {
     );
     assert_eq!(calls.load(SeqCst), 2);
 }
+
+/// PASSES on 192d08c (FAILED before it). A run cut while its claim is on its way to Redis:
+/// Redis is frozen (SIGSTOP) so the claim is sent and not answered, the run is cut after 100 ms
+/// (a caller's timeout, the worker's deadline), then Redis thaws and makes the claim. The step
+/// mechanism's `Pending` finishes the claim on a task and releases it, so the same entry's
+/// redelivery runs. The old layer dropped the claim future in `Claiming` and released nothing:
+/// the job id stayed claimed for the lease (an hour here), every redelivery `is_in_progress`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_during_the_claim_round_trip_leaves_the_job_free() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let (handler, runs) = counting();
+    let run_once = RunOnceLayer::new(store)
+        .lease(Duration::from_secs(3600))
+        .layer(handler);
+    // Load the store's scripts (first use), so the cut claim is one EVALSHA that runs on thaw.
+    run_once.clone().oneshot(job("0-1", "warm-up")).await.unwrap();
+    server.signal("-STOP");
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        run_once.clone().oneshot(job("1-0", "cut-claim")),
+    )
+    .await;
+    server.signal("-CONT");
+    assert!(cut.is_err(), "cut in the claim round trip");
+    let mut last = None;
+    for _ in 0..200 {
+        let outcome = run_once.clone().oneshot(job("1-0", "cut-claim")).await;
+        if matches!(outcome, Ok(RunOnceOutcome::Done(()))) {
+            last = None;
+            break;
+        }
+        last = Some(outcome.map_err(|e| e.to_string()));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(last.is_none(), "never ran again: last {last:?}");
+    assert_eq!(runs.load(SeqCst), 2, "warm-up and the redelivery");
+}
