@@ -149,3 +149,33 @@ async fn a_run_dropped_during_the_claim_round_trip_leaves_the_job_free() {
     assert!(last.is_none(), "never ran again: last {last:?}");
     assert_eq!(runs.load(SeqCst), 2, "warm-up and the redelivery");
 }
+
+/// PASSES on 192d08c (as before it). Redis goes away while the handler runs; the handler returns
+/// `Ok`: the record cannot be written, and the run is acknowledged `Done` (its effect happened),
+/// as the old layer did (a warning, no error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_while_recording_after_ok_is_acknowledged_done() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let (started, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (s, g) = (started.clone(), go.clone());
+    let handler = tower::service_fn(move |_job: Job| {
+        let (s, g) = (s.clone(), g.clone());
+        async move {
+            s.notify_one();
+            g.notified().await;
+            Ok::<_, JobError>("effect")
+        }
+    });
+    let run_once = RunOnceLayer::new(store).layer(handler);
+    let running = tokio::spawn(run_once.clone().oneshot(job("1-0", "record-fails")));
+    started.notified().await;
+    server.stop();
+    go.notify_one();
+    let outcome = running.await.unwrap();
+    assert!(
+        matches!(outcome, Ok(RunOnceOutcome::Done("effect"))),
+        "{:?}",
+        outcome.map_err(|e| e.to_string())
+    );
+}
