@@ -179,3 +179,48 @@ async fn a_store_failure_while_recording_after_ok_is_acknowledged_done() {
         outcome.map_err(|e| e.to_string())
     );
 }
+
+/// PASSES on 192d08c (as before it). Redis restarts (no persistence) while the handler runs: its
+/// claim is gone, the completion finds no claim (`Ok(false)`), the run is acknowledged `Done`;
+/// a later delivery of another entry with the same job id then runs the effect again (nothing
+/// recorded it). A limit of any store without durable claims, unchanged by the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_while_running_loses_the_claim_and_the_record() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (started, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (r, s, g) = (runs.clone(), started.clone(), go.clone());
+    let handler = tower::service_fn(move |_job: Job| {
+        let n = r.fetch_add(1, SeqCst);
+        let (s, g) = (s.clone(), g.clone());
+        async move {
+            if n == 0 {
+                s.notify_one();
+                g.notified().await;
+            }
+            Ok::<_, JobError>(())
+        }
+    });
+    let run_once = RunOnceLayer::new(store).layer(handler);
+    let running = tokio::spawn(run_once.clone().oneshot(job("1-0", "restart")));
+    started.notified().await;
+    server.stop();
+    server.restart();
+    go.notify_one();
+    let first = running.await.unwrap();
+    assert!(matches!(first, Ok(RunOnceOutcome::Done(()))), "{:?}", first.map_err(|e| e.to_string()));
+    // The connection manager reconnects; retry through the reconnect.
+    let mut second = None;
+    for _ in 0..100 {
+        match run_once.clone().oneshot(job("2-0", "restart")).await {
+            Ok(outcome) => {
+                second = Some(outcome);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert_eq!(second, Some(RunOnceOutcome::Done(())), "the job ran again");
+    assert_eq!(runs.load(SeqCst), 2, "two effects for one job id");
+}
