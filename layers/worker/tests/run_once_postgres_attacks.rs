@@ -1,0 +1,114 @@
+//! Attacks on `RunOnceLayer` on the plain Postgres store, the handler writing its record in its
+//! own transaction (`Claim::complete_in`): what the layer's read of the record after `Ok` sees.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{Layer, ServiceExt};
+use tower_once_idempotency::store::postgres::PostgresStore;
+use tower_once_idempotency::Claim;
+use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
+
+mod support;
+
+use support::effects::EffectsDb;
+
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+fn job(entry: &str, id: &str) -> Job {
+    Job::new(entry, JobId::new(id).unwrap(), "{}", 1)
+}
+
+async fn begin_effect(job: &Job, schema: &str) -> Result<(Claim<PostgresStore>, Tx), JobError> {
+    let claim = job
+        .extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or_else(|| JobError::permanent("no claim"))?;
+    let tx = claim
+        .store()
+        .pool()
+        .begin()
+        .await
+        .map_err(JobError::transient)?;
+    let mut tx = tx;
+    sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+        .bind(job.job_id().as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(JobError::transient)?;
+    Ok((claim, tx))
+}
+
+/// A handler whose first run of each job does `first` with its claim and its transaction (the
+/// effect and the record written on it); later runs commit.
+fn handler_with<F, Fut>(
+    schema: String,
+    first: F,
+) -> (
+    impl tower::Service<Job, Response = (), Error = JobError, Future = impl Send> + Clone,
+    Arc<AtomicUsize>,
+)
+where
+    F: Fn(Claim<PostgresStore>, Tx) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+{
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let counter = Arc::clone(&runs);
+    let service = tower::service_fn(move |job: Job| {
+        counter.fetch_add(1, SeqCst);
+        let is_first = seen.lock().unwrap().insert(job.job_id().as_str().to_owned());
+        let (schema, first) = (schema.clone(), first.clone());
+        async move {
+            let (claim, mut tx) = begin_effect(&job, &schema).await?;
+            claim
+                .complete_in(&mut tx)
+                .await
+                .map_err(JobError::transient)?;
+            if is_first {
+                return first(claim, tx).await;
+            }
+            tx.commit().await.map_err(JobError::transient)?;
+            Ok(())
+        }
+    });
+    (service, runs)
+}
+
+/// The number of effect rows of `id`.
+async fn effects_of(fixture: &EffectsDb, id: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.effects WHERE job_id = $1",
+        fixture.schema.name
+    ))
+    .bind(id)
+    .fetch_one(fixture.store.pool())
+    .await
+    .unwrap()
+}
+
+/// FAILS on 192d08c, and failed the same way before it (the store's `settled` read, unchanged).
+/// The handler writes its effect and record, then simply drops its transaction (forgot to
+/// commit) and returns `Ok`. sqlx only queues the ROLLBACK on drop; the layer's read of the
+/// record can find the transaction still open ("its own end decides": `Settled::Done`), so the
+/// run is acknowledged `Done` with nothing committed: the job is lost (the table promises
+/// "rolled back → is_rolled_back, job runs again"). Sixty jobs, so the race shows (about one in seven here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_uncommitted_transaction_with_ok_is_never_acknowledged_done() {
+    let fixture = EffectsDb::new(false).await;
+    let (handler, _runs) = handler_with(fixture.schema.name.clone(), |_claim, tx| async move {
+        drop(tx);
+        Ok(())
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
+    let mut lost = Vec::new();
+    for i in 0..60 {
+        let id = format!("dropped-{i}");
+        let first = run_once.clone().oneshot(job("1-0", &id)).await;
+        if matches!(first, Ok(RunOnceOutcome::Done(()))) && effects_of(&fixture, &id).await == 0 {
+            lost.push(id);
+        }
+    }
+    assert!(lost.is_empty(), "acknowledged Done with no effect: {lost:?}");
+}
