@@ -112,3 +112,29 @@ async fn a_dropped_uncommitted_transaction_with_ok_is_never_acknowledged_done() 
     }
     assert!(lost.is_empty(), "acknowledged Done with no effect: {lost:?}");
 }
+
+/// FAILS on 192d08c, and failed the same way before it. The handler hands its transaction (the
+/// effect and the record written on it) to a task and returns `Ok`; the task drops it 200 ms
+/// later. The layer reads the record while the transaction is open: `Settled::Done`, the run is
+/// acknowledged, and then everything rolls back. On the transactional store the same attack is
+/// refused (run_once_transactional.rs); on the plain store a job is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ok_while_the_transaction_is_held_by_a_task_is_never_acknowledged_without_a_commit() {
+    let fixture = EffectsDb::new(false).await;
+    let (handler, runs) = handler_with(fixture.schema.name.clone(), |_claim, tx| async move {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(tx);
+        });
+        Ok(())
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone()).layer(handler);
+    let first = run_once.clone().oneshot(job("1-0", "held")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let effects = fixture.effects().await;
+    assert!(
+        !(matches!(first, Ok(RunOnceOutcome::Done(()))) && effects == 0),
+        "acknowledged Done ({first:?}) with {effects} effects and {} runs",
+        runs.load(SeqCst)
+    );
+}
