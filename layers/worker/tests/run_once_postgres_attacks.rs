@@ -138,3 +138,43 @@ async fn ok_while_the_transaction_is_held_by_a_task_is_never_acknowledged_withou
         runs.load(SeqCst)
     );
 }
+
+/// FAILS on 192d08c, and failed the same way before it (the old layer: "as before the check,
+/// the handler's word stands"). The handler rolls its transaction back (effect and record) and
+/// returns `Ok`, leaving the store's pool exhausted for a while (connections held by a task), so
+/// the layer's read of the record fails: the run is acknowledged `Done` with nothing committed.
+/// With the read failing, `Done` is only right if the record committed; an error (left
+/// pending) would be the safe answer, as the release path already assumes a claim may be held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_of_a_rolled_back_record_is_not_acknowledged_done() {
+    let fixture = EffectsDb::new(false).await;
+    let store = fixture
+        .store
+        .clone()
+        .command_timeout(Duration::from_millis(300));
+    let (handler, runs) = handler_with(fixture.schema.name.clone(), |claim, tx| async move {
+        tx.rollback().await.map_err(JobError::transient)?;
+        // Every pooled connection, held past the store's command timeout.
+        let pool = claim.store().pool().clone();
+        let mut held = Vec::new();
+        while let Ok(Ok(connection)) =
+            tokio::time::timeout(Duration::from_millis(100), pool.acquire()).await
+        {
+            held.push(connection);
+        }
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            drop(held);
+        });
+        Ok(())
+    });
+    let run_once = RunOnceLayer::new(store).layer(handler);
+    let first = run_once.clone().oneshot(job("1-0", "unread")).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let effects = fixture.effects().await;
+    assert!(
+        !(matches!(first, Ok(RunOnceOutcome::Done(()))) && effects == 0),
+        "acknowledged Done ({first:?}) with {effects} effects and {} runs",
+        runs.load(SeqCst)
+    );
+}
