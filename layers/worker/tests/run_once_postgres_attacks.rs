@@ -178,3 +178,67 @@ async fn a_failed_read_of_a_rolled_back_record_is_not_acknowledged_done() {
         runs.load(SeqCst)
     );
 }
+
+/// PASSES on 192d08c (as before it). A SERIALIZABLE handler that outlives a renewal of its lease
+/// (300 ms lease, renewed at 100 ms, handler 250 ms): the renewal updated the record's row after
+/// the handler's snapshot, so its `complete_in` fails to serialize, the run is an error and
+/// released, and the rerun commits: one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_handler_outliving_a_renewal_runs_once_in_the_end() {
+    let fixture = EffectsDb::new(false).await;
+    let schema = fixture.schema.name.clone();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let handler = tower::service_fn(move |job: Job| {
+        let run = counter.fetch_add(1, SeqCst) + 1;
+        let schema = schema.clone();
+        async move {
+            let claim = job
+                .extensions()
+                .get::<Claim<PostgresStore>>()
+                .cloned()
+                .ok_or_else(|| JobError::permanent("no claim"))?;
+            let mut tx = claim.store().pool().begin().await.map_err(JobError::transient)?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                .execute(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+                .bind(job.job_id().as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(JobError::transient)?;
+            if run == 1 {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            claim
+                .complete_in(&mut tx)
+                .await
+                .map_err(JobError::transient)?;
+            tx.commit().await.map_err(JobError::transient)?;
+            Ok::<_, JobError>(())
+        }
+    });
+    let run_once = RunOnceLayer::new(fixture.store.clone())
+        .lease(Duration::from_millis(300))
+        .layer(handler);
+    let mut outcome = run_once.clone().oneshot(job("1-0", "serial")).await;
+    for _ in 0..5 {
+        if outcome.is_ok() {
+            break;
+        }
+        outcome = run_once.clone().oneshot(job("1-0", "serial")).await;
+    }
+    assert!(
+        matches!(outcome, Ok(RunOnceOutcome::Done(()))),
+        "{:?}",
+        outcome.map_err(|e| e.to_string())
+    );
+    assert!(run_once
+        .oneshot(job("2-0", "serial"))
+        .await
+        .unwrap()
+        .is_duplicate());
+    assert_eq!(fixture.effects().await, 1);
+    assert_eq!(runs.load(SeqCst), 2, "the first run failed to serialize, the rerun committed");
+}
