@@ -110,7 +110,13 @@ where
             token,
             store.claim(key, token, arguments, settings.lease),
         );
-        let outcome = match tokio::time::timeout_at(wait_until, claim).await {
+        let claimed = match kind {
+            Kind::Step => tokio::time::timeout_at(wait_until, claim).await,
+            // A delivery's claim is bounded by its store's own timeouts, not by its deadline:
+            // a deadline that passes meanwhile is its handler's to meet (a `TimeoutLayer`).
+            Kind::Delivery => Ok(claim.await),
+        };
+        let outcome = match claimed {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(error)) => return Err(StepError::store(error)),
             Err(_) => return Err(StepError::store(StoreError::timeout())),
@@ -256,7 +262,7 @@ where
     // A tool that committed its result in the step's transaction has done the step, whatever
     // the classifier says of its answer (it decided by committing): that is its result.
     let result = match (result, in_transaction.as_ref()) {
-        (Ok(value), Some(written)) => match settled_by_tool(written).await {
+        (Ok(value), Some(written)) => match settled_by_tool(written, settings.lease / 3).await {
             Some(settled) => match settled_step(&mut held, settled, value, waited).await {
                 Ok(out) => return Ok(out),
                 Err(value) => Ok(value),

@@ -26,6 +26,9 @@ enum How {
     NotRecorded,
     /// The tool answered, but its transaction (and the record in it) rolled back.
     RolledBack,
+    /// The tool answered, but whether its transaction committed the record is not known (it
+    /// is still open, or the read failed): the record decides the next attempt.
+    Unsettled,
 }
 
 impl<T> StepOutput<T> {
@@ -64,6 +67,18 @@ impl<T> StepOutput<T> {
         }
     }
 
+    pub(crate) fn unsettled(value: T) -> Self {
+        Self {
+            value,
+            how: How::Unsettled,
+        }
+    }
+
+    /// Whether it is not known yet if the tool's transaction committed the record.
+    pub(crate) fn is_unsettled(&self) -> bool {
+        matches!(self.how, How::Unsettled)
+    }
+
     /// Whether the tool's transaction rolled back the record it wrote (and its effects).
     pub(crate) fn is_rolled_back(&self) -> bool {
         matches!(self.how, How::RolledBack)
@@ -99,7 +114,10 @@ impl<T> StepOutput<T> {
     /// idempotent step calls again; one of a step that may not be sent twice asks the verify
     /// hook or is settled unknown (its sent mark stays).
     pub fn is_recorded(&self) -> bool {
-        !matches!(self.how, How::NotRecorded | How::RolledBack)
+        !matches!(
+            self.how,
+            How::NotRecorded | How::RolledBack | How::Unsettled
+        )
     }
 
     /// The result.

@@ -63,9 +63,24 @@ pub(crate) async fn record_result<T, St: IdempotencyStore>(
     }
 }
 
-/// What became of the result a tool committed in its own transaction, if it wrote one.
-pub(crate) async fn settled_by_tool(written: &JobRecord) -> Option<Result<Settled, StoreError>> {
-    Some(written.check()?.await)
+/// What became of the result a tool committed in its own transaction, if it wrote one. A
+/// transaction still open (handed to a task, its rollback not sent yet) is looked at again,
+/// 5 ms apart and doubling, for up to `patience`.
+pub(crate) async fn settled_by_tool(
+    written: &JobRecord,
+    patience: Duration,
+) -> Option<Result<Settled, StoreError>> {
+    let until = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let settled = written.check()?.await;
+        let now = tokio::time::Instant::now();
+        if !matches!(settled, Ok(Settled::Open)) || now >= until {
+            return Some(settled);
+        }
+        tokio::time::sleep_until((now + pause).min(until)).await;
+        pause *= 2;
+    }
 }
 
 /// A step whose tool wrote its result in its own transaction: committed (done), rolled back
@@ -90,10 +105,17 @@ pub(crate) async fn settled_step<T, St: IdempotencyStore>(
             held.release().await;
             Ok(StepOutput::rolled_back(value))
         }
+        // Not known yet: the claim stays until its lease ends, and the record (committed or
+        // not) decides the next attempt.
+        Ok(Settled::Open) => {
+            tracing::warn!("step: the tool answered, but its transaction is still open; the step is not done until it ends");
+            held.armed = false;
+            Ok(StepOutput::unsettled(value))
+        }
         Err(error) => {
             tracing::warn!(%error, "step: could not read whether the tool's transaction committed; the step is not done");
             held.armed = false;
-            Ok(StepOutput::not_recorded(value))
+            Ok(StepOutput::unsettled(value))
         }
     }
 }

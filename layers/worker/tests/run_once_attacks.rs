@@ -1,5 +1,5 @@
-//! Attacks on `RunOnceLayer` as the step mechanism (`engine::once`, `Kind::Delivery`), compared
-//! with the worker's own state machine it replaced (192d08c^:layers/worker/src/run_once/future.rs).
+//! Attacks on `RunOnceLayer` as the step mechanism: cut, dropped and panicking runs, a slow or
+//! restarted Redis, a deadline that passes during the claim.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -29,13 +29,10 @@ fn counting() -> (
     (service, runs)
 }
 
-/// FAILS on 192d08c. The job's deadline now bounds the claim (`timeout_at(deadline, claim)` in
-/// `engine::once`). Redis is slow for 300 ms (SIGSTOP, then SIGCONT: well within the store's own
-/// 1 s command timeout, so the store answers), and the delivery's deadline is 100 ms away: the
-/// run is answered `is_store` (a `StoreError::timeout` the store never raised) and the handler
-/// never runs. The old layer had no such bound: its claim was answered and the handler ran (its
-/// own timeout layers see the deadline in scope). "Store unreachable → is_store" is the table's
-/// row; here the store answered every command.
+/// A job's deadline does not bound its claim: Redis is slow for 300 ms (SIGSTOP, then SIGCONT:
+/// well within the store's own 1 s command timeout, so the store answers) and the delivery's
+/// deadline is 100 ms away. The claim is answered and the handler runs (its own timeout layers
+/// see the deadline in scope); the run is not `is_store`, which means the store did not answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_passing_during_a_slow_claim_is_not_a_store_failure() {
     let server = RedisServer::start();
@@ -59,7 +56,7 @@ async fn a_deadline_passing_during_a_slow_claim_is_not_a_store_failure() {
     assert_eq!(runs.load(SeqCst), 1);
 }
 
-/// PASSES on 192d08c (FAILED before it). A run-once future made by `call` and dropped before its
+/// A run-once future made by `call` and dropped before its
 /// first poll (a `Buffer` or worker shutting down between `call` and the first poll) takes no
 /// claim. The old layer made the claim in `call` (the memory store claims eagerly), and its drop
 /// in `Claiming` released nothing: another entry with the same job id was then acknowledged as a
@@ -82,7 +79,7 @@ async fn a_future_dropped_before_its_first_poll_claims_nothing() {
     assert_eq!(runs.load(SeqCst), 1);
 }
 
-/// PASSES on 192d08c (FAILED before it). A handler that panics in `call` (synchronously, before
+/// A handler that panics in `call` (synchronously, before
 /// returning its future): the claim is released at once. The old layer called the handler while
 /// still in `Claiming`, and its drop released only `Running`/`Checking`: the job id stayed
 /// claimed for the lease (here an hour), each redelivery `is_in_progress`.
@@ -112,7 +109,7 @@ async fn a_handler_panicking_in_call_releases_its_claim_at_once() {
     assert_eq!(calls.load(SeqCst), 2);
 }
 
-/// PASSES on 192d08c (FAILED before it). A run cut while its claim is on its way to Redis:
+/// A run cut while its claim is on its way to Redis:
 /// Redis is frozen (SIGSTOP) so the claim is sent and not answered, the run is cut after 100 ms
 /// (a caller's timeout, the worker's deadline), then Redis thaws and makes the claim. The step
 /// mechanism's `Pending` finishes the claim on a task and releases it, so the same entry's
@@ -127,7 +124,11 @@ async fn a_run_dropped_during_the_claim_round_trip_leaves_the_job_free() {
         .lease(Duration::from_secs(3600))
         .layer(handler);
     // Load the store's scripts (first use), so the cut claim is one EVALSHA that runs on thaw.
-    run_once.clone().oneshot(job("0-1", "warm-up")).await.unwrap();
+    run_once
+        .clone()
+        .oneshot(job("0-1", "warm-up"))
+        .await
+        .unwrap();
     server.signal("-STOP");
     let cut = tokio::time::timeout(
         Duration::from_millis(100),
@@ -150,7 +151,7 @@ async fn a_run_dropped_during_the_claim_round_trip_leaves_the_job_free() {
     assert_eq!(runs.load(SeqCst), 2, "warm-up and the redelivery");
 }
 
-/// PASSES on 192d08c (as before it). Redis goes away while the handler runs; the handler returns
+/// Redis goes away while the handler runs; the handler returns
 /// `Ok`: the record cannot be written, and the run is acknowledged `Done` (its effect happened),
 /// as the old layer did (a warning, no error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,7 +181,7 @@ async fn a_store_failure_while_recording_after_ok_is_acknowledged_done() {
     );
 }
 
-/// PASSES on 192d08c (as before it). Redis restarts (no persistence) while the handler runs: its
+/// Redis restarts (no persistence) while the handler runs: its
 /// claim is gone, the completion finds no claim (`Ok(false)`), the run is acknowledged `Done`;
 /// a later delivery of another entry with the same job id then runs the effect again (nothing
 /// recorded it). A limit of any store without durable claims, unchanged by the move.
@@ -209,7 +210,11 @@ async fn a_redis_restart_while_running_loses_the_claim_and_the_record() {
     server.restart();
     go.notify_one();
     let first = running.await.unwrap();
-    assert!(matches!(first, Ok(RunOnceOutcome::Done(()))), "{:?}", first.map_err(|e| e.to_string()));
+    assert!(
+        matches!(first, Ok(RunOnceOutcome::Done(()))),
+        "{:?}",
+        first.map_err(|e| e.to_string())
+    );
     // The connection manager reconnects; retry through the reconnect.
     let mut second = None;
     for _ in 0..100 {

@@ -58,7 +58,10 @@ where
     let counter = Arc::clone(&runs);
     let service = tower::service_fn(move |job: Job| {
         counter.fetch_add(1, SeqCst);
-        let is_first = seen.lock().unwrap().insert(job.job_id().as_str().to_owned());
+        let is_first = seen
+            .lock()
+            .unwrap()
+            .insert(job.job_id().as_str().to_owned());
         let (schema, first) = (schema.clone(), first.clone());
         async move {
             let (claim, mut tx) = begin_effect(&job, &schema).await?;
@@ -88,12 +91,11 @@ async fn effects_of(fixture: &EffectsDb, id: &str) -> i64 {
     .unwrap()
 }
 
-/// FAILS on 192d08c, and failed the same way before it (the store's `settled` read, unchanged).
-/// The handler writes its effect and record, then simply drops its transaction (forgot to
-/// commit) and returns `Ok`. sqlx only queues the ROLLBACK on drop; the layer's read of the
-/// record can find the transaction still open ("its own end decides": `Settled::Done`), so the
-/// run is acknowledged `Done` with nothing committed: the job is lost (the table promises
-/// "rolled back → is_rolled_back, job runs again"). Sixty jobs, so the race shows (about one in seven here).
+/// The handler writes its effect and record, then drops its transaction (forgot to commit) and
+/// returns `Ok`. sqlx only queues the ROLLBACK on drop, so the layer's read of the record can
+/// find the transaction still open: it looks again until it ends (rolled back: the run is an
+/// error and the job runs again), and never acknowledges a run whose record did not commit.
+/// Sixty jobs, so the race shows (about one in seven found it open).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_uncommitted_transaction_with_ok_is_never_acknowledged_done() {
     let fixture = EffectsDb::new(false).await;
@@ -110,14 +112,15 @@ async fn a_dropped_uncommitted_transaction_with_ok_is_never_acknowledged_done() 
             lost.push(id);
         }
     }
-    assert!(lost.is_empty(), "acknowledged Done with no effect: {lost:?}");
+    assert!(
+        lost.is_empty(),
+        "acknowledged Done with no effect: {lost:?}"
+    );
 }
 
-/// FAILS on 192d08c, and failed the same way before it. The handler hands its transaction (the
-/// effect and the record written on it) to a task and returns `Ok`; the task drops it 200 ms
-/// later. The layer reads the record while the transaction is open: `Settled::Done`, the run is
-/// acknowledged, and then everything rolls back. On the transactional store the same attack is
-/// refused (run_once_transactional.rs); on the plain store a job is lost.
+/// The handler hands its transaction (the effect and the record written on it) to a task and
+/// returns `Ok`; the task drops it 200 ms later. The layer's read finds it open, looks again
+/// until it ends, and the rolled-back run is an error: the job runs again, one effect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ok_while_the_transaction_is_held_by_a_task_is_never_acknowledged_without_a_commit() {
     let fixture = EffectsDb::new(false).await;
@@ -139,12 +142,10 @@ async fn ok_while_the_transaction_is_held_by_a_task_is_never_acknowledged_withou
     );
 }
 
-/// FAILS on 192d08c, and failed the same way before it (the old layer: "as before the check,
-/// the handler's word stands"). The handler rolls its transaction back (effect and record) and
-/// returns `Ok`, leaving the store's pool exhausted for a while (connections held by a task), so
-/// the layer's read of the record fails: the run is acknowledged `Done` with nothing committed.
-/// With the read failing, `Done` is only right if the record committed; an error (left
-/// pending) would be the safe answer, as the release path already assumes a claim may be held.
+/// The handler rolls its transaction back (effect and record) and returns `Ok`, leaving the
+/// store's pool exhausted for a while (connections held by a task), so the layer's read of the
+/// record fails. The run is not acknowledged: an error leaves it pending with its claim held to
+/// its lease, and the record (here: never committed) decides the next delivery, which runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_read_of_a_rolled_back_record_is_not_acknowledged_done() {
     let fixture = EffectsDb::new(false).await;
@@ -179,7 +180,7 @@ async fn a_failed_read_of_a_rolled_back_record_is_not_acknowledged_done() {
     );
 }
 
-/// PASSES on 192d08c (as before it). A SERIALIZABLE handler that outlives a renewal of its lease
+/// A SERIALIZABLE handler that outlives a renewal of its lease
 /// (300 ms lease, renewed at 100 ms, handler 250 ms): the renewal updated the record's row after
 /// the handler's snapshot, so its `complete_in` fails to serialize, the run is an error and
 /// released, and the rerun commits: one effect.
@@ -198,7 +199,12 @@ async fn a_serializable_handler_outliving_a_renewal_runs_once_in_the_end() {
                 .get::<Claim<PostgresStore>>()
                 .cloned()
                 .ok_or_else(|| JobError::permanent("no claim"))?;
-            let mut tx = claim.store().pool().begin().await.map_err(JobError::transient)?;
+            let mut tx = claim
+                .store()
+                .pool()
+                .begin()
+                .await
+                .map_err(JobError::transient)?;
             sqlx::query("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
                 .execute(&mut *tx)
                 .await
@@ -240,5 +246,9 @@ async fn a_serializable_handler_outliving_a_renewal_runs_once_in_the_end() {
         .unwrap()
         .is_duplicate());
     assert_eq!(fixture.effects().await, 1);
-    assert_eq!(runs.load(SeqCst), 2, "the first run failed to serialize, the rerun committed");
+    assert_eq!(
+        runs.load(SeqCst),
+        2,
+        "the first run failed to serialize, the rerun committed"
+    );
 }

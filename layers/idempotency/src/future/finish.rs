@@ -108,7 +108,8 @@ where
             tower_once_core::polled_after_completion("ResponseFuture")
         };
         match settled {
-            Ok(Settled::Done) => {
+            // Still open: its own end decides, and the lease frees the key if it never commits.
+            Ok(Settled::Done | Settled::Open) => {
                 Outcome::Stored.record(span);
                 tracing::debug!("the handler's own transaction settled its record");
                 if let Some(claim) = self.claim.take() {

@@ -127,9 +127,13 @@ pub(crate) fn header_map<'a>(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub enum Settled {
-    /// Completed under this claim (or no longer this claim's, or its transaction still open):
-    /// the layer writes nothing more.
+    /// Completed under this claim (or no longer this claim's, or its transaction too old to
+    /// tell): the layer writes nothing more.
     Done,
+    /// Its transaction is still open (handed to a task, or its rollback not sent yet): its end
+    /// decides. A request's layer writes nothing more (the lease frees the key if it never
+    /// commits); a job's does not acknowledge it before that end.
+    Open,
     /// Its transaction committed without it (a savepoint around it rolled back): the layer
     /// stores the response by its own rules, as if the handler had not.
     Store,

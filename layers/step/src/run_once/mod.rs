@@ -23,7 +23,11 @@
 //! extensions and records the run done in the transaction of its effects; once it returns
 //! `Ok`, the layer reads the record: committed, it writes nothing more; rolled back with the
 //! effects, the run is an error ([`is_rolled_back`](RunOnceError::is_rolled_back)) so the
-//! message runs again.
+//! message runs again. A transaction still open (handed to a task, its rollback not sent yet)
+//! is read again until it ends, for up to a third of the lease; still open then, or a read
+//! that fails, and the run is an error that [`is_store`](RunOnceError::is_store), its claim
+//! held to its lease: never acknowledged before its record is known, so the next delivery
+//! finds it done (a duplicate) or free (it runs).
 //!
 //! The worker of `tower-once-worker` implements [`Delivery`] for its jobs, and re-exports
 //! this layer; its docs show run-once in a job's transaction.
@@ -100,35 +104,20 @@ pub trait Delivery: StepRequest {
 ///
 /// The handler's deadline ([`StepRequest::deadline`]) is put back in scope around its call,
 /// so a `TimeoutLayer` or `RetryLayer` inside still sees it after the claim.
+#[derive(Debug, Clone)]
 pub struct RunOnceLayer<St> {
-    settings: Arc<Settings<St, Nothing, RetryOnError, ()>>,
+    store: St,
+    lease: Duration,
+    retention: Duration,
 }
 
 impl<St> RunOnceLayer<St> {
     /// Run-once on `store`, with a 30 s lease and 24 h retention.
-    pub fn new(store: St) -> Self {
+    pub const fn new(store: St) -> Self {
         Self {
-            settings: Arc::new(Settings {
-                store,
-                codec: Nothing,
-                classifier: RetryOnError,
-                verify: (),
-                lease: DEFAULT_LEASE,
-                retention: DEFAULT_RETENTION,
-                max_wait: DEFAULT_MAX_WAIT,
-                result_limit: DEFAULT_RESULT_LIMIT,
-                scoped: false,
-            }),
-        }
-    }
-}
-
-impl<St: Clone> RunOnceLayer<St> {
-    fn with(self, f: impl FnOnce(&mut Settings<St, Nothing, RetryOnError, ()>)) -> Self {
-        let mut settings = Arc::unwrap_or_clone(self.settings);
-        f(&mut settings);
-        Self {
-            settings: Arc::new(settings),
+            store,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
         }
     }
 
@@ -141,12 +130,13 @@ impl<St: Clone> RunOnceLayer<St> {
     /// # Panics
     ///
     /// If `lease` is under 3 ms.
-    pub fn lease(self, lease: Duration) -> Self {
+    pub fn lease(mut self, lease: Duration) -> Self {
         assert!(
             lease >= Duration::from_millis(3),
             "RunOnceLayer::lease must be at least 3 ms"
         );
-        self.with(|s| s.lease = lease)
+        self.lease = lease;
+        self
     }
 
     /// How long a "done" record is kept (duplicates within it are acknowledged unrun).
@@ -154,40 +144,33 @@ impl<St: Clone> RunOnceLayer<St> {
     /// # Panics
     ///
     /// If `retention` is zero.
-    pub fn retention(self, retention: Duration) -> Self {
+    pub fn retention(mut self, retention: Duration) -> Self {
         assert!(
             !retention.is_zero(),
             "RunOnceLayer::retention must not be zero"
         );
-        self.with(|s| s.retention = retention)
+        self.retention = retention;
+        self
     }
 }
 
-impl<St> Clone for RunOnceLayer<St> {
-    fn clone(&self) -> Self {
-        Self {
-            settings: Arc::clone(&self.settings),
-        }
-    }
-}
-
-impl<St: fmt::Debug> fmt::Debug for RunOnceLayer<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RunOnceLayer")
-            .field("store", &self.settings.store)
-            .field("lease", &self.settings.lease)
-            .field("retention", &self.settings.retention)
-            .finish()
-    }
-}
-
-impl<S, St> Layer<S> for RunOnceLayer<St> {
+impl<S, St: Clone> Layer<S> for RunOnceLayer<St> {
     type Service = RunOnce<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RunOnce {
             inner,
-            settings: Arc::clone(&self.settings),
+            settings: Arc::new(Settings {
+                store: self.store.clone(),
+                codec: Nothing,
+                classifier: RetryOnError,
+                verify: (),
+                lease: self.lease,
+                retention: self.retention,
+                max_wait: DEFAULT_MAX_WAIT,
+                result_limit: DEFAULT_RESULT_LIMIT,
+                scoped: false,
+            }),
         }
     }
 }
@@ -291,6 +274,13 @@ fn answer<R, E>(
 ) -> Result<RunOnceOutcome<R>, RunOnceError<E>> {
     match output {
         Ok(output) if output.is_rolled_back() => Err(RunOnceError(Repr::RolledBack)),
+        // Not acknowledged before it is known: left pending, the claim held to its lease; the
+        // next delivery finds the record done (a duplicate) or the id free (it runs).
+        Ok(output) if output.is_unsettled() => Err(RunOnceError(Repr::Store(
+            StoreError::unavailable(
+                "could not tell whether the handler's transaction committed its record (still open, or the read failed); left to the record",
+            ),
+        ))),
         // Done now (recorded, or, when the record could not be written, logged: the effect
         // happened), or a duplicate of a done run.
         Ok(output) => Ok(output.into_value()),

@@ -33,7 +33,11 @@
 //! handler returns `Ok`, the layer reads the record (one read-only statement): committed with
 //! the effects, it records nothing more; rolled back with a savepoint while the effects
 //! committed, it records the job itself; rolled back with the whole transaction, the delivery
-//! is an error (left pending, the claim released at once) so the job runs again. The
+//! is an error (left pending, the claim released at once) so the job runs again. A
+//! transaction the handler left open (handed to a task, dropped without a commit: its
+//! rollback is sent later) is read again until it ends, for up to a third of the lease; a job
+//! whose record is still not known then (or whose read fails) is left pending with its claim
+//! held, never acknowledged, and its record decides the next delivery. The
 //! completion is fenced by the claim's token: a worker that
 //! stalled past its lease (SIGSTOP, a frozen Redis, a long pause) and whose job another worker
 //! took over finds its claim lost ([`ClaimError::is_lost`](tower_once_idempotency::ClaimError::is_lost))

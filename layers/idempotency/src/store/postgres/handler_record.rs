@@ -83,8 +83,11 @@ impl PostgresStore {
                     Some("committed") => Settled::Store,
                     // The record rolled back with the effects.
                     Some("aborted") => Settled::Release,
-                    // Still open (handed elsewhere, or its rollback not sent yet), or too old
-                    // to tell: its own end decides; the lease frees the key if it never commits.
+                    // Still open (handed elsewhere, or its rollback not sent yet): its own end
+                    // decides.
+                    Some("in progress") => Settled::Open,
+                    // Too old to tell: it ended long ago, and the lease has freed the key
+                    // if it never committed.
                     _ => Settled::Done,
                 },
                 // Completed under this claim, or no longer this claim's.
