@@ -10,35 +10,18 @@ mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
-use support::{hanging_refunds, post, settle, tool, Late, Refund, SlowReplies};
+use support::{
+    first_calls_hang, hanging_refunds, post, refund_id, settle, Late, Refund, SlowReplies,
+};
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_step::{Step, StepId, StepLayer};
 
-/// A refunds tool whose first call never answers and whose later calls answer at once.
-fn first_call_hangs() -> (
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    impl tower::Service<
-            http::Request<String>,
-            Response = Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
-) {
-    tool(|_: http::Request<String>, call| async move {
-        if call == 0 {
-            std::future::pending::<()>().await;
-        }
-        Ok(Refund { status: 201, call })
-    })
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_keyed_step_dropped_mid_call_is_released_and_the_next_attempt_sends_at_once() {
-    let (calls, refunds) = first_call_hangs();
+    let (calls, refunds) = first_calls_hang(1);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let timed_out = tokio::time::timeout(
         Duration::from_secs(1),
         steps
@@ -61,9 +44,9 @@ async fn a_keyed_step_dropped_mid_call_is_released_and_the_next_attempt_sends_at
 
 #[tokio::test(start_paused = true)]
 async fn an_unkeyed_step_dropped_mid_call_is_recorded_unknown_and_never_sent_again() {
-    let (calls, refunds) = first_call_hangs();
+    let (calls, refunds) = first_calls_hang(1);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let timed_out = tokio::time::timeout(
         Duration::from_secs(1),
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
@@ -86,9 +69,9 @@ async fn an_unkeyed_step_dropped_mid_call_is_recorded_unknown_and_never_sent_aga
 #[tokio::test(start_paused = true)]
 async fn an_unkeyed_step_retried_the_instant_it_is_dropped_is_still_never_sent_twice() {
     // The retry comes before the dropped step's task records it unknown.
-    let (calls, refunds) = first_call_hangs();
+    let (calls, refunds) = first_calls_hang(1);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
@@ -102,14 +85,9 @@ async fn an_unkeyed_step_retried_the_instant_it_is_dropped_is_still_never_sent_t
 #[tokio::test(start_paused = true)]
 async fn a_step_aborted_on_its_task_is_released_or_recorded_unknown() {
     // The first two calls never answer; later ones do.
-    let (calls, refunds) = tool(|_: http::Request<String>, call| async move {
-        if call < 2 {
-            std::future::pending::<()>().await;
-        }
-        Ok::<_, std::io::Error>(Refund { status: 201, call })
-    });
+    let (calls, refunds) = first_calls_hang(2);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let keyed = StepId::new("run-1", 2, "refund");
+    let keyed = refund_id();
     let unkeyed = StepId::new("run-1", 3, "refund");
     let tasks = [
         tokio::spawn(
@@ -153,7 +131,7 @@ async fn a_step_aborted_on_its_task_is_released_or_recorded_unknown() {
 async fn a_waiter_dropped_while_waiting_sends_nothing_and_leaves_the_owner_alone() {
     let (calls, refunds) = support::slow_refunds(Duration::from_secs(3));
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let owner = tokio::spawn(steps.clone().oneshot(Step::new(id.clone(), post("40"))));
     tokio::task::yield_now().await;
     for _ in 0..3 {
@@ -183,7 +161,7 @@ async fn a_step_dropped_while_its_claim_is_on_the_way_is_released() {
     let store = SlowReplies::new(Duration::from_millis(50));
     let (calls, refunds) = support::refunds();
     let steps = StepLayer::new(store.clone()).layer(refunds); // lease 10 s
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     store.late(Late::RecordClaims);
     let timed_out = tokio::time::timeout(
@@ -219,7 +197,7 @@ async fn an_unkeyed_step_dropped_before_it_was_sent_is_not_reported_sent() {
     let store = SlowReplies::new(Duration::from_millis(50));
     let (calls, refunds) = support::refunds();
     let steps = StepLayer::new(store.clone()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     store.late(Late::MarkClaims);
     let timed_out = tokio::time::timeout(
@@ -248,7 +226,7 @@ async fn a_step_dropped_before_its_first_poll_claims_nothing() {
     let store = MemoryStore::new();
     let (calls, refunds) = hanging_refunds();
     let mut steps = StepLayer::new(store.clone()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let never_polled = tower::Service::call(
         steps.ready().await.unwrap(),
         Step::new(id.clone(), post("40")),
@@ -276,7 +254,7 @@ async fn a_step_dropped_while_its_result_is_being_recorded_is_still_recorded() {
     let store = SlowReplies::new(Duration::from_millis(50));
     let (calls, refunds) = support::slow_refunds(Duration::from_millis(900));
     let steps = StepLayer::new(store.clone()).layer(refunds); // lease 10 s
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     store.late(Late::Completions);
     let timed_out = tokio::time::timeout(
@@ -311,9 +289,7 @@ async fn a_step_dropped_while_it_asks_the_downstream_is_released_and_keeps_its_m
     // "the step's future dropped | released, on a task of its own; an unkeyed call's sent
     // mark stays, so the next attempt settles it": here the drop comes while the verify hook
     // looks the timed-out call up downstream.
-    let (calls, refunds) = tool(|_: http::Request<String>, _| async move {
-        Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
-    });
+    let (calls, refunds) = support::timing_out();
     let lookups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = std::sync::Arc::clone(&lookups);
     let steps = StepLayer::new(MemoryStore::new())
@@ -327,7 +303,7 @@ async fn a_step_dropped_while_it_asks_the_downstream_is_released_and_keeps_its_m
             }
         })
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let cut = tokio::time::timeout(
         Duration::from_secs(1),
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),

@@ -10,9 +10,9 @@
 mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use support::{post, settle, tool, Refund};
+use support::{post, refund_id, settle, tool, Refund};
 use tower::{Layer, Service, ServiceExt};
 use tower_once_core::classify::Action;
 use tower_once_core::unsent::Unsent;
@@ -35,13 +35,7 @@ fn answering(
     statuses: &'static [u16],
 ) -> (
     Arc<std::sync::atomic::AtomicUsize>,
-    impl Service<
-            http::Request<String>,
-            Response = Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
+    impl support::RefundTool<http::Request<String>>,
 ) {
     tool(move |_: http::Request<String>, call| async move {
         let status = statuses[call.min(statuses.len() - 1)];
@@ -55,30 +49,14 @@ fn failing_once(
 ) -> (
     support::Calls,
     support::Keys,
-    impl Service<
-            http::Request<String>,
-            Response = Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
+    impl support::RefundTool<http::Request<String>>,
 ) {
-    let keys = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&keys);
-    let (calls, svc) = tool(move |req: http::Request<String>, call| {
-        seen.lock().unwrap().push(
-            req.headers()
-                .get("idempotency-key")
-                .map(|v| v.to_str().unwrap().to_owned()),
-        );
-        async move {
-            if call == 0 {
-                return Err(std::io::Error::from(kind));
-            }
-            Ok(Refund { status: 201, call })
+    support::keeping_keys(move |call| async move {
+        if call == 0 {
+            return Err(std::io::Error::from(kind));
         }
-    });
-    (calls, keys, svc)
+        Ok(Refund { status: 201, call })
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -89,7 +67,7 @@ async fn an_answer_that_is_not_a_success_is_returned_not_recorded_and_called_aga
         let steps = StepLayer::new(MemoryStore::new())
             .classify(by_status)
             .layer(refunds);
-        let id = StepId::new("run-1", 2, "refund");
+        let id = refund_id();
 
         let first = steps
             .clone()
@@ -123,7 +101,7 @@ async fn an_unkeyed_post_answered_with_a_5xx_is_unknown_and_never_sent_again() {
     let steps = StepLayer::new(MemoryStore::new())
         .classify(by_status)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let first = steps
         .clone()
         .oneshot(Step::new(id.clone(), post("40")))
@@ -140,7 +118,7 @@ async fn a_refused_connection_is_released_and_the_next_attempt_sends() {
     for keyed in [true, false] {
         let (calls, _, refunds) = failing_once(std::io::ErrorKind::ConnectionRefused);
         let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-        let id = StepId::new("run-1", 2, "refund");
+        let id = refund_id();
         let step = || {
             let step = Step::new(id.clone(), post("40"));
             if keyed {
@@ -176,7 +154,7 @@ async fn a_keyed_call_that_timed_out_is_released_and_sent_again_with_the_same_ke
     ] {
         let (calls, keys, refunds) = failing_once(kind);
         let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-        let id = StepId::new("run-1", 2, "refund");
+        let id = refund_id();
         let err = steps
             .clone()
             .oneshot(Step::new(id.clone(), post("40")).keyed())
@@ -200,7 +178,7 @@ async fn a_keyed_call_that_timed_out_is_released_and_sent_again_with_the_same_ke
 async fn an_unkeyed_call_that_was_reset_is_never_sent_again() {
     let (calls, _, refunds) = failing_once(std::io::ErrorKind::ConnectionReset);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let err = steps
         .clone()
         .oneshot(Step::new(id.clone(), post("40")))
@@ -222,7 +200,7 @@ async fn a_waiter_of_an_owner_whose_connection_was_refused_runs_the_step_itself(
         Ok(Refund { status: 201, call })
     });
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (owner, waiter) = tokio::join!(
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
         async {
@@ -242,13 +220,7 @@ async fn a_waiter_of_an_owner_whose_connection_was_refused_runs_the_step_itself(
 /// A tool whose first call panics once it is under way, and whose later calls answer.
 fn panicking_once() -> (
     Arc<std::sync::atomic::AtomicUsize>,
-    impl Service<
-            http::Request<String>,
-            Response = Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
+    impl support::RefundTool<http::Request<String>>,
 ) {
     tool(|_: http::Request<String>, call| async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -263,7 +235,7 @@ fn panicking_once() -> (
 async fn a_keyed_step_whose_tool_panics_is_released_for_the_next_attempt() {
     let (calls, refunds) = panicking_once();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let panicked = tokio::spawn(
         steps
             .clone()
@@ -287,7 +259,7 @@ async fn a_keyed_step_whose_tool_panics_is_released_for_the_next_attempt() {
 async fn an_unkeyed_step_whose_tool_panics_is_never_sent_again() {
     let (calls, refunds) = panicking_once();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let panicked = tokio::spawn(steps.clone().oneshot(Step::new(id.clone(), post("40"))))
         .await
         .unwrap_err();
@@ -325,7 +297,7 @@ async fn a_tool_that_is_not_ready_fails_the_step_and_sends_nothing() {
     }
     let err = StepLayer::new(MemoryStore::new())
         .layer(Closed)
-        .oneshot(Step::new(StepId::new("run-1", 2, "refund"), post("40")))
+        .oneshot(Step::new(refund_id(), post("40")))
         .await
         .unwrap_err();
     assert!(err.is_inner() && err.is_unsent(), "{err:?}");
@@ -342,7 +314,7 @@ async fn an_unkeyed_refusal_is_released_with_its_mark_and_the_next_attempt_sends
         let steps = StepLayer::new(MemoryStore::new())
             .classify(by_status)
             .layer(refunds);
-        let id = StepId::new("run-1", 2, "refund");
+        let id = refund_id();
         let first = steps
             .clone()
             .oneshot(Step::new(id.clone(), post("40")))
@@ -378,7 +350,7 @@ async fn an_unkeyed_post_answered_429_by_a_classifier_that_retries_it_is_unknown
             Err(_) => Action::Retry { after: None },
         })
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     for _ in 0..2 {
         let err = steps
             .clone()
@@ -411,7 +383,7 @@ async fn an_unkeyed_5xx_is_looked_up_released_when_not_found_and_recorded_when_f
                 })
             })
             .layer(refunds);
-        let id = StepId::new("run-1", 2, "refund");
+        let id = refund_id();
         let first = steps
             .clone()
             .oneshot(Step::new(id.clone(), post("40")))

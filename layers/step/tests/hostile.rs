@@ -9,9 +9,8 @@ mod support;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{claim_as_another, get, no_arguments, post, record_key, refunds, tool};
+use support::{claim_as_another, get, no_arguments, post, record_key, refund_id, refunds};
 use tower::{Layer, ServiceExt};
 use tower_once_core::unsent::Unsent;
 use tower_once_idempotency::store::{
@@ -90,7 +89,7 @@ async fn ids_that_print_alike_never_share_a_record_or_a_key() {
 async fn a_scoped_layer_refuses_a_step_without_a_scope_and_sends_nothing() {
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let err = steps
         .clone()
         .oneshot(Step::new(id.clone(), post("40")).keyed())
@@ -110,7 +109,7 @@ async fn a_scoped_layer_refuses_a_step_without_a_scope_and_sends_nothing() {
 async fn two_scopes_never_share_a_record() {
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     // Scopes that would run together if they were only concatenated with the run id.
     let scopes: [&[u8]; 5] = [
         b"tenant-a",
@@ -163,7 +162,7 @@ async fn a_scoped_layer_refuses_an_empty_scope() {
     // unscoped step (the sibling idempotency layer treats an empty scope as missing, "so the
     // shared scope ... is never a tenant's own").
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (_, unscoped_tool) = refunds();
     StepLayer::new(store.clone())
         .layer(unscoped_tool)
@@ -192,7 +191,7 @@ async fn a_record_under_the_steps_key_that_is_not_a_steps_sends_nothing() {
     // Another layer's record (or a corrupted one) under the step's key: a codec error, never
     // a call.
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let key = record_key(&id, b"");
     let token = claim_as_another(&store, key, no_arguments(), Duration::from_secs(5)).await;
     let foreign = StoredResponse::new(http::StatusCode::OK, Default::default(), "{}".into());
@@ -232,18 +231,10 @@ async fn two_scopes_never_send_the_same_idempotency_key() {
     // makes "a second send ... answered by the first one's effect". Two tenants whose runs are
     // numbered alike ("run-1" each) are two steps; with one key, a downstream that dedupes by
     // key (one payments account for the platform) answers tenant B's refund with tenant A's.
-    let keys = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&keys);
-    let (calls, refunds) = tool(move |req: http::Request<String>, call| {
-        seen.lock().unwrap().push(
-            req.headers()
-                .get("idempotency-key")
-                .map(|v| v.to_str().unwrap().to_owned()),
-        );
-        async move { Ok::<_, std::io::Error>(support::Refund { status: 201, call }) }
-    });
+    let (calls, keys, refunds) =
+        support::keeping_keys(|call| async move { Ok(support::Refund { status: 201, call }) });
     let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     for tenant in ["tenant-a", "tenant-b"] {
         // The scope first, then the key (so the step could know its scope when keyed).
         let step = Step::new(id.clone(), post("40")).scope(tenant).keyed();

@@ -8,12 +8,12 @@
 mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
-use support::{kill_after, post, tool, Refund};
+use support::{keeping_keys, kill_after, post, refund_id, Refund};
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
-use tower_once_step::{OnUnknown, Step, StepId, StepLayer};
+use tower_once_step::{OnUnknown, Step, StepLayer};
 
 const LEASE: Duration = Duration::from_secs(2);
 
@@ -25,33 +25,17 @@ fn refunds(
 ) -> (
     support::Calls,
     support::Keys,
-    impl tower::Service<
-            http::Request<String>,
-            Response = Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
+    impl support::RefundTool<http::Request<String>>,
 ) {
-    let keys = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&keys);
-    let (calls, svc) = tool(move |req: http::Request<String>, call| {
-        seen.lock().unwrap().push(
-            req.headers()
-                .get("idempotency-key")
-                .map(|v| v.to_str().unwrap().to_owned()),
-        );
-        async move {
-            if first_hangs && call == 0 {
-                std::future::pending::<()>().await;
-            }
-            if times_out {
-                return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
-            }
-            Ok(Refund { status: 201, call })
+    keeping_keys(move |call| async move {
+        if first_hangs && call == 0 {
+            std::future::pending::<()>().await;
         }
-    });
-    (calls, keys, svc)
+        if times_out {
+            return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        }
+        Ok(Refund { status: 201, call })
+    })
 }
 
 /// `POST /refunds` carrying a key of the caller's own.
@@ -69,7 +53,7 @@ async fn a_request_with_its_own_key_is_sent_with_it_every_time() {
     let steps = StepLayer::new(MemoryStore::new())
         .lease(LEASE)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let step = || Step::new(id.clone(), post_with_key("order-77")).keyed();
     assert_eq!(step().on_unknown_policy(), OnUnknown::RunAgain);
     kill_after(steps.clone().oneshot(step()), Duration::from_millis(10)).await;
@@ -85,7 +69,7 @@ async fn keyed_before_its_scope_carries_the_scoped_key() {
     // Stamped when the step is called: the scope set after `keyed` counts.
     let (calls, keys, refunds) = refunds(false, false);
     let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let a_late = Step::new(id.clone(), post("40")).keyed().scope("tenant-a");
     let a_early = Step::new(id.clone(), post("40")).scope("tenant-a").keyed();
     let b_late = Step::new(id.clone(), post("40")).keyed().scope("tenant-b");
@@ -114,7 +98,7 @@ async fn step_idempotency_key_is_the_key_the_request_carries() {
     // with a key of its own keeps it, so that is the key a caller must look the call up by.
     let (_, keys, refunds) = refunds(false, false);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let step = Step::new(StepId::new("run-1", 2, "refund"), post_with_key("order-77")).keyed();
+    let step = Step::new(refund_id(), post_with_key("order-77")).keyed();
     let named = step.idempotency_key();
     steps.oneshot(step).await.unwrap();
     let carried = keys.lock().unwrap()[0].clone();
@@ -133,7 +117,7 @@ async fn an_unknown_call_names_the_key_it_carried() {
     // step's derived key, which never travelled.
     let (calls, keys, refunds) = refunds(false, true);
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let err = steps
         .oneshot(Step::new(id, post_with_key("order-77")).on_unknown(OnUnknown::Refuse))
         .await
@@ -154,7 +138,7 @@ async fn an_unknown_scoped_step_names_its_scoped_key() {
     // key (`Step::idempotency_key`, what `keyed` stamps), and every attempt names the same.
     let (calls, _, refunds) = refunds(false, true);
     let steps = StepLayer::new(MemoryStore::new()).scoped().layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let step = || Step::new(id.clone(), post("40")).scope("tenant-a");
     let would_carry = step().keyed().idempotency_key();
     for _ in 0..2 {
@@ -181,7 +165,7 @@ async fn an_empty_idempotency_key_header_is_not_a_key() {
     let steps = StepLayer::new(MemoryStore::new())
         .lease(LEASE)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let step = || Step::new(id.clone(), post_with_key("")).keyed();
     kill_after(steps.clone().oneshot(step()), Duration::from_millis(10)).await;
     let again = steps.oneshot(step()).await;

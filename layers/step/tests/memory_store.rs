@@ -9,7 +9,7 @@ mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
-use support::{get, kill_after, post, refunds, tool};
+use support::{get, kill_after, post, refund_id, refunds, tool};
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_step::{Step, StepId, StepLayer};
@@ -22,7 +22,7 @@ async fn a_done_unkeyed_step_is_never_sent_again_when_the_memory_store_fills_up(
     let store = MemoryStore::builder().max_entries(8).build();
     let (calls, tool_) = refunds();
     let steps = StepLayer::new(store.clone()).layer(tool_);
-    let refund = StepId::new("run-1", 2, "refund");
+    let refund = refund_id();
     steps
         .clone()
         .oneshot(Step::new(refund.clone(), post("40")))
@@ -59,7 +59,7 @@ async fn an_unknown_step_stays_unknown_when_the_memory_store_fills_up() {
     let steps = StepLayer::new(store.clone())
         .lease(Duration::from_secs(1))
         .layer(hanging);
-    let refund = StepId::new("run-1", 2, "refund");
+    let refund = refund_id();
     kill_after(
         steps.clone().oneshot(Step::new(refund.clone(), post("40"))),
         Duration::from_millis(10),

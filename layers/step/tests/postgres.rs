@@ -7,20 +7,18 @@
 //! all, before failing; at SERIALIZABLE; with a savepoint; with an effect outside Postgres.
 #![cfg(feature = "postgres")]
 
+mod support;
+
 use serde::{Deserialize, Serialize};
+
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
+use support::postgres::{Db, Refunded};
 use tower::{BoxError, Layer, Service, ServiceExt};
-use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
+use tower_once_idempotency::store::postgres::sqlx;
 use tower_once_step::postgres::StepClaim;
 use tower_once_step::{OnUnknown, Step, StepId, StepLayer};
-use tower_once_test_support::postgres::{database_url, Schema};
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Refunded {
-    id: i64,
-}
 
 /// What the tool does after writing its refund on the step's transaction.
 #[derive(Debug, Clone, Copy)]
@@ -29,50 +27,6 @@ enum Then {
     Fail,
     /// Sleeps this long holding the transaction idle, then commits.
     Freeze(Duration),
-}
-
-struct Db {
-    schema: Schema,
-    store: PostgresStore,
-}
-
-impl Db {
-    async fn new() -> Self {
-        Self::with(sqlx::postgres::PgPoolOptions::new()).await
-    }
-
-    /// On a pool of its own options (a connection setting, say).
-    async fn with(options: sqlx::postgres::PgPoolOptions) -> Self {
-        let schema = Schema::create();
-        let pool = options
-            .max_connections(8)
-            .connect(&database_url())
-            .await
-            .unwrap();
-        let store = PostgresStore::new(pool)
-            .table(&format!("{}.steps", schema.name))
-            .unwrap()
-            .transactional();
-        store.migrate().await.unwrap();
-        sqlx::query(&format!(
-            "CREATE TABLE {}.refunds (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
-            schema.name
-        ))
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Self { schema, store }
-    }
-
-    async fn refunds(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.refunds",
-            self.schema.name
-        ))
-        .fetch_one(self.store.pool())
-        .await
-        .unwrap()
-    }
 }
 
 /// A refund tool: its effect and the step's result in the step's transaction.
@@ -112,17 +66,12 @@ fn tool(
 }
 
 fn refund_step(run: &str) -> Step<http::Request<String>> {
-    let request = http::Request::post("/refunds")
-        .body(String::from("40"))
-        .unwrap();
-    Step::new(StepId::new(run, 2, "refund"), request)
-        .arguments("40")
-        .on_unknown(OnUnknown::RunAgain)
+    support::postgres::refund(run).on_unknown(OnUnknown::RunAgain)
 }
 
 #[tokio::test]
 async fn the_effect_and_the_result_commit_together_and_the_step_replays() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let plans = Arc::new(std::sync::Mutex::new(Vec::new()));
     let steps = StepLayer::new(db.store.clone()).layer(tool(
@@ -140,7 +89,7 @@ async fn the_effect_and_the_result_commit_together_and_the_step_replays() {
 
 #[tokio::test]
 async fn a_tool_that_fails_before_its_commit_leaves_nothing_and_the_step_runs_again_at_once() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let plans = Arc::new(std::sync::Mutex::new(vec![Then::Fail]));
     let steps = StepLayer::new(db.store.clone())
@@ -168,7 +117,7 @@ async fn a_tool_that_fails_before_its_commit_leaves_nothing_and_the_step_runs_ag
 
 #[tokio::test]
 async fn a_tool_frozen_past_its_lease_never_commits_after_another_owner_took_over() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let lease = Duration::from_millis(600);
     // The first run holds its transaction idle for five leases: Postgres ends its session.
@@ -205,7 +154,7 @@ async fn a_tool_frozen_past_its_lease_never_commits_after_another_owner_took_ove
 
 #[tokio::test]
 async fn an_unkeyed_post_that_may_not_be_sent_twice_is_refused_on_a_transactional_store() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let plans = Arc::new(std::sync::Mutex::new(Vec::new()));
     let steps = StepLayer::new(db.store.clone()).layer(tool(
@@ -248,7 +197,7 @@ async fn insert_refund(
 
 #[tokio::test]
 async fn a_tool_that_commits_then_tries_to_commit_again_records_once() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let (schema, runs, refused) = (
         db.schema.name.clone(),
         Arc::new(AtomicUsize::new(0)),
@@ -288,7 +237,7 @@ async fn a_tool_that_commits_then_tries_to_commit_again_records_once() {
 async fn a_tool_that_commits_with_another_steps_claim_commits_nothing() {
     // `Claim::commit`: "[`ClaimError::is_misused`] when `tx` is another claim's". A tool that
     // kept the claim of an earlier step (run-a) commits run-b's transaction with it.
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let schema = db.schema.name.clone();
     let kept: Arc<std::sync::Mutex<Option<StepClaim<Refunded>>>> = Default::default();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -350,7 +299,7 @@ async fn a_tool_that_commits_with_another_steps_claim_commits_nothing() {
 
 #[tokio::test]
 async fn a_tool_that_returns_ok_without_committing_leaves_nothing_and_runs_again_at_once() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = Arc::clone(&runs);
     let steps = StepLayer::new(db.store.clone())
@@ -398,7 +347,7 @@ async fn a_tool_that_fails_after_its_commit_is_replayed_and_never_run_again() {
     // The refund and the result committed; then the tool fails (its answer to the agent could
     // not be built, say). The step returns the tool's error, and the committed step replays:
     // the refund is never made twice.
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = Arc::clone(&runs);
     let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
@@ -437,7 +386,7 @@ async fn a_tool_cannot_commit_an_answer_the_classifier_refuses_or_the_limit_woul
     // layer's classifier does not call `Ok(value)` a success, its codec cannot keep it, or it
     // is over the layer's `result_limit`". DESIGN: an upstream 5xx is never a tool's result.
     // (A committed 503 was once reported "not recorded", then replayed as the result.)
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = Arc::clone(&runs);
     let steps = StepLayer::new(db.store.clone())
@@ -505,7 +454,7 @@ async fn at_serializable_a_conflict_rolls_back_and_each_step_commits_once() {
                 .map(drop)
         })
     });
-    let db = Db::with(options).await;
+    let db = Db::transactional_with(options).await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let both_read = Arc::new(tokio::sync::Barrier::new(2));
     let (counted, barrier) = (Arc::clone(&runs), Arc::clone(&both_read));
@@ -552,7 +501,7 @@ async fn at_serializable_a_conflict_rolls_back_and_each_step_commits_once() {
 async fn an_effect_rolled_back_to_a_savepoint_stays_rolled_back_and_the_rest_commits() {
     // `ClaimTransaction`: "Savepoints work as on any connection". The tool tries a refund in a
     // savepoint, rolls it back, makes another, and commits: one refund, and the step replays.
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = Arc::clone(&runs);
     let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
@@ -618,7 +567,7 @@ fn calls_out_then_commits(
 
 #[tokio::test]
 async fn a_keyed_transactional_tool_that_calls_out_sends_again_with_its_key() {
-    let db = Db::new().await;
+    let db = Db::transactional().await;
     let (sent, runs): (Sent, _) = (Default::default(), Arc::new(AtomicUsize::new(0)));
     let steps = StepLayer::new(db.store.clone()).layer(calls_out_then_commits(
         db.schema.name.clone(),

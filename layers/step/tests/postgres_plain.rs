@@ -9,65 +9,16 @@
 
 mod support;
 
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
+use support::postgres::{Db, Refunded};
 use tower::{BoxError, Layer, ServiceExt};
-use tower_once_idempotency::store::postgres::{sqlx, PostgresStore};
+use tower_once_idempotency::store::postgres::sqlx;
 use tower_once_step::{Step, StepId, StepLayer};
-use tower_once_test_support::postgres::{database_url, Schema};
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Refunded {
-    id: i64,
-}
-
-struct Db {
-    schema: Schema,
-    store: PostgresStore,
-}
-
-impl Db {
-    async fn new(connections: u32) -> Self {
-        let schema = Schema::create();
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(connections)
-            .connect(&database_url())
-            .await
-            .unwrap();
-        let store = PostgresStore::new(pool)
-            .table(&format!("{}.steps", schema.name))
-            .unwrap();
-        store.migrate().await.unwrap();
-        sqlx::query(&format!(
-            "CREATE TABLE {}.refunds (id bigserial PRIMARY KEY, amount int8 NOT NULL)",
-            schema.name
-        ))
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Self { schema, store }
-    }
-
-    async fn refunds(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.refunds",
-            self.schema.name
-        ))
-        .fetch_one(self.store.pool())
-        .await
-        .unwrap()
-    }
-}
 
 fn refund_step(run: &str) -> Step<http::Request<String>> {
-    let request = http::Request::post("/refunds")
-        .body(String::from("40"))
-        .unwrap();
-    Step::new(StepId::new(run, 2, "refund"), request)
-        .arguments("40")
-        .keyed()
+    support::postgres::refund(run).keyed()
 }
 
 #[tokio::test]
@@ -75,7 +26,7 @@ async fn on_a_plain_store_the_tool_gets_no_claim_and_the_step_records_its_result
     // `tower_once_step::postgres`: "On a plain `PostgresStore` the tool gets no claim: the step
     // records its result after the call, as on any store" (a claim there let a tool write a
     // record of the HTTP layer's kind, which every replay then failed to read).
-    let db = Db::new(8).await;
+    let db = Db::plain(8).await;
     let (schema, runs) = (db.schema.name.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = Arc::clone(&runs);
     let steps = StepLayer::new(db.store.clone()).layer(tower::service_fn(
@@ -115,7 +66,7 @@ async fn a_step_dropped_while_its_result_waits_for_a_connection_is_still_recorde
     // held elsewhere) when the tool answers; the step's write waits for it, and the caller's
     // timeout drops the step. The write is dropped with it: the record stays in progress for
     // the lease, and the next attempt waits it out and sends the refund again.
-    let db = Db::new(1).await;
+    let db = Db::plain(1).await;
     let lease = Duration::from_secs(3);
     let runs = Arc::new(AtomicUsize::new(0));
     let (called_tx, called) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -163,7 +114,7 @@ async fn an_unkeyed_step_killed_mid_call_is_settled_unknown_and_never_sent_again
     // `tower_once_step::postgres`: an unkeyed step belongs in "a store that writes its claims
     // (the plain PostgresStore, Redis)"; crate docs: "the process killed | ... an unkeyed
     // call's mark stays, so the next owner settles it unknown".
-    let db = Db::new(8).await;
+    let db = Db::plain(8).await;
     let lease = Duration::from_millis(600);
     let (calls, hanging) = support::hanging_refunds();
     support::kill_after(

@@ -11,7 +11,7 @@ mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
-use support::{kill_after, post, refunds, slow_refunds, tool, Refund};
+use support::{kill_after, post, refund_id, refunds, slow_refunds, tool, Refund};
 use tower::{Layer, ServiceExt};
 use tower_once_idempotency::store::redis::RedisStore;
 use tower_once_step::{Step, StepId, StepLayer};
@@ -27,7 +27,7 @@ async fn connect(server: &RedisServer) -> RedisStore {
 #[tokio::test]
 async fn a_done_step_replays_in_another_process_and_other_arguments_are_a_mismatch() {
     let server = RedisServer::start();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (a_calls, a_tool) = refunds();
     let first = StepLayer::new(connect(&server).await)
         .layer(a_tool)
@@ -56,7 +56,7 @@ async fn a_done_step_replays_in_another_process_and_other_arguments_are_a_mismat
 #[tokio::test]
 async fn concurrent_steps_in_two_processes_send_once() {
     let server = RedisServer::start();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (a_calls, a_tool) = slow_refunds(Duration::from_millis(300));
     let (b_calls, b_tool) = slow_refunds(Duration::from_millis(300));
     let a = StepLayer::new(connect(&server).await)
@@ -88,7 +88,7 @@ async fn a_step_longer_than_several_leases_keeps_its_claim() {
     // Renewed every third of the lease: the other process's unkeyed attempt never takes it
     // over (it would settle it unknown if it did).
     let server = RedisServer::start();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (a_calls, a_tool) = slow_refunds(LEASE * 4);
     let (b_calls, b_tool) = refunds();
     let a = StepLayer::new(connect(&server).await)
@@ -108,7 +108,7 @@ async fn a_step_longer_than_several_leases_keeps_its_claim() {
 #[tokio::test]
 async fn a_killed_processes_steps_are_taken_over_or_settled_unknown() {
     let server = RedisServer::start();
-    let keyed = StepId::new("run-1", 2, "refund");
+    let keyed = refund_id();
     let unkeyed = StepId::new("run-1", 3, "refund");
     let (dead_calls, dead_tool) = support::hanging_refunds();
     let dead = StepLayer::new(connect(&server).await)
@@ -157,7 +157,7 @@ async fn with_redis_down_a_step_fails_closed_and_sends_nothing() {
     let store = connect(&server).await;
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(store).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     server.stop();
     for step in [
         Step::new(id.clone(), post("40")),
@@ -198,7 +198,7 @@ async fn a_step_dropped_while_redis_is_slow_to_claim_it_is_released() {
     // the step; Redis wakes and runs the claim. Nothing was sent, and the step must be free
     // for the next attempt, not held for a lease by a claim nobody owns.
     let server = RedisServer::start();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let lease = Duration::from_secs(3);
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(connect(&server).await)
@@ -288,7 +288,7 @@ async fn a_done_unkeyed_step_that_redis_evicted_is_settled_unknown_not_sent_agai
     );
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(connect(&server).await).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let done = steps
         .clone()
         .oneshot(Step::new(id.clone(), post("40")))

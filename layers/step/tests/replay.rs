@@ -9,7 +9,7 @@ mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
-use support::{get, post, refunds, slow_refunds, tool, Lookup, Refund};
+use support::{get, post, refund_id, refunds, slow_refunds, tool, Lookup, Refund};
 use tower::{Layer, Service, ServiceExt};
 use tower_once_idempotency::store::MemoryStore;
 use tower_once_step::{Step, StepId, StepLayer};
@@ -18,7 +18,7 @@ use tower_once_step::{Step, StepId, StepLayer};
 async fn a_done_step_replays_its_result_without_calling_the_tool() {
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let body = r#"{"amount":40}"#;
 
     let first = steps
@@ -43,7 +43,7 @@ async fn a_done_step_replays_its_result_without_calling_the_tool() {
 async fn a_done_step_replays_in_another_layer_over_the_same_store() {
     // A restart, or another replica: a new layer (and a new tool) over the same store.
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (first_calls, first_tool) = refunds();
     StepLayer::new(store.clone())
         .layer(first_tool)
@@ -66,7 +66,7 @@ async fn a_done_step_replays_in_another_layer_over_the_same_store() {
 async fn a_done_step_with_other_arguments_is_a_mismatch_and_sends_nothing() {
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     steps
         .clone()
         .oneshot(Step::new(id.clone(), post("40")).arguments("40").keyed())
@@ -115,7 +115,7 @@ async fn a_done_step_with_other_arguments_is_a_mismatch_and_sends_nothing() {
 async fn other_arguments_while_the_step_is_in_progress_are_a_mismatch_at_once() {
     let (calls, refunds) = slow_refunds(Duration::from_secs(5));
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     let first = tokio::spawn(
         steps
@@ -147,7 +147,7 @@ async fn other_arguments_while_the_step_is_in_progress_are_a_mismatch_at_once() 
 async fn the_occurrence_tool_and_position_each_name_another_step() {
     let (calls, refunds) = refunds();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let base = StepId::new("run-1", 2, "refund");
+    let base = refund_id();
     let ids = [
         base.clone(),
         base.clone().occurrence(1),
@@ -180,7 +180,7 @@ async fn a_stored_result_read_as_another_type_is_a_codec_error_and_sends_nothing
     // The tool's result type changed between two deployments: `Refund` was stored, a `u64`
     // is expected now.
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (_, old) = refunds();
     StepLayer::new(store.clone())
         .layer(old)
@@ -248,7 +248,7 @@ async fn an_unkeyed_result_over_the_limit_is_never_sent_twice() {
     let steps = StepLayer::new(MemoryStore::new())
         .result_limit(1024)
         .layer(big);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     let first = steps
         .clone()
@@ -274,7 +274,7 @@ async fn a_limit_that_holds_the_result_records_it_and_a_zero_limit_keeps_nothing
     let nothing = StepLayer::new(MemoryStore::new())
         .result_limit(0)
         .layer(zero_tool);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     for _ in 0..2 {
         let out = nothing
             .clone()
@@ -316,7 +316,7 @@ async fn a_record_past_its_retention_runs_again() {
     let steps = StepLayer::new(MemoryStore::new())
         .retention(Duration::from_secs(60))
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     steps
         .clone()
         .oneshot(Step::new(id.clone(), get()))

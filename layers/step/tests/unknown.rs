@@ -10,11 +10,10 @@
 mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use support::{
-    arguments, claim_as_another, get, hanging_refunds, kill_after, marker_key, no_arguments, post,
-    record_key, sent_mark, tool, Lookup, Refund,
+    arguments, claim_as_another, get, hanging_refunds, keeping_keys, kill_after, marker_key,
+    no_arguments, post, record_key, refund_id, sent_mark, timing_out, tool, Lookup, Refund,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
@@ -28,30 +27,14 @@ const LEASE: Duration = Duration::from_secs(2);
 fn first_call_hangs() -> (
     support::Calls,
     support::Keys,
-    impl tower::Service<
-            http::Request<String>,
-            Response = Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
+    impl support::RefundTool<http::Request<String>>,
 ) {
-    let keys = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&keys);
-    let (calls, svc) = tool(move |req: http::Request<String>, call| {
-        let key = req
-            .headers()
-            .get("idempotency-key")
-            .map(|v| v.to_str().unwrap().to_owned());
-        seen.lock().unwrap().push(key);
-        async move {
-            if call == 0 {
-                std::future::pending::<()>().await;
-            }
-            Ok(Refund { status: 201, call })
+    keeping_keys(|call| async move {
+        if call == 0 {
+            std::future::pending::<()>().await;
         }
-    });
-    (calls, keys, svc)
+        Ok(Refund { status: 201, call })
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -60,7 +43,7 @@ async fn a_killed_owners_unkeyed_step_is_reported_unknown_and_never_sent_again()
     let steps = StepLayer::new(MemoryStore::new())
         .lease(LEASE)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let before = SystemTime::now();
     kill_after(
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
@@ -110,7 +93,7 @@ async fn a_killed_owners_keyed_step_is_taken_over_after_its_lease_and_sent_with_
     let steps = StepLayer::new(MemoryStore::new())
         .lease(LEASE)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     kill_after(
         steps
             .clone()
@@ -219,7 +202,7 @@ async fn keyed_on_a_request_that_cannot_carry_a_key_keeps_refusing() {
 async fn a_record_another_process_left_with_its_mark_is_settled_unknown_without_sending() {
     // Another process claimed the step, wrote its "sent" mark and died.
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let sent_at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_000_000_123);
     claim_as_another(&store, record_key(&id, b""), arguments(b"40"), LEASE).await;
     claim_as_another(
@@ -258,7 +241,7 @@ async fn a_record_another_process_left_with_its_mark_is_settled_unknown_without_
 async fn a_record_another_process_left_without_a_mark_is_taken_over_and_sent_once() {
     // The other process died after claiming and before its mark: it never sent the call.
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     claim_as_another(&store, record_key(&id, b""), no_arguments(), LEASE).await;
 
     let (calls, refunds) = support::refunds();
@@ -277,7 +260,7 @@ async fn a_record_another_process_left_without_a_mark_is_taken_over_and_sent_onc
 #[tokio::test(start_paused = true)]
 async fn a_record_another_process_holds_with_other_arguments_is_a_mismatch_at_once() {
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     claim_as_another(&store, record_key(&id, b""), arguments(b"41"), LEASE).await;
 
     let (calls, refunds) = support::refunds();
@@ -294,11 +277,9 @@ async fn a_record_another_process_holds_with_other_arguments_is_a_mismatch_at_on
 
 #[tokio::test(start_paused = true)]
 async fn an_unkeyed_call_that_timed_out_is_recorded_unknown_with_its_error() {
-    let (calls, refunds) = tool(|_: http::Request<String>, _| async move {
-        Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
-    });
+    let (calls, refunds) = timing_out();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     let err = steps
         .clone()
@@ -335,7 +316,7 @@ async fn a_waiter_of_an_unkeyed_call_that_timed_out_gets_unknown_and_sends_nothi
         Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
     });
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (owner, waiter) = tokio::join!(
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
         async {
@@ -355,7 +336,7 @@ async fn a_waiter_of_an_unkeyed_call_that_timed_out_gets_unknown_and_sends_nothi
 #[tokio::test(start_paused = true)]
 async fn an_unknown_step_stays_unknown_for_every_process_sharing_the_store() {
     let store = MemoryStore::new();
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (calls, refunds) = hanging_refunds();
     kill_after(
         StepLayer::new(store.clone())
@@ -386,11 +367,9 @@ async fn every_attempt_reports_the_same_sent_at_for_an_unknown_call() {
     // `StepError::sent_at`: "by the process that sent it, to the millisecond". The attempt
     // that saw the timeout and every later one name one instant, so a caller can use it (with
     // the key) to look the call up downstream, or to tell two unknown calls apart.
-    let (calls, refunds) = tool(|_: http::Request<String>, _| async move {
-        Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut))
-    });
+    let (calls, refunds) = timing_out();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let first = steps
         .clone()
         .oneshot(Step::new(id.clone(), post("40")))
@@ -413,7 +392,7 @@ async fn an_unkeyed_call_left_unknown_is_not_sent_again_by_a_keyed_attempt() {
     let steps = StepLayer::new(MemoryStore::new())
         .lease(LEASE)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     kill_after(
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
         Duration::from_millis(10),
@@ -446,7 +425,7 @@ async fn an_unkeyed_call_killed_after_running_longer_than_the_retention_is_never
         .lease(LEASE)
         .retention(Duration::from_secs(60))
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     kill_after(
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
         Duration::from_secs(90),

@@ -10,7 +10,7 @@ mod support;
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
-use support::{hanging_refunds, kill_after, post, slow_refunds, Lookup};
+use support::{hanging_refunds, kill_after, post, refund_id, slow_refunds, Lookup};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_once_core::deadline::Deadline;
@@ -21,7 +21,7 @@ use tower_once_step::{Step, StepId, StepLayer};
 async fn concurrent_calls_of_one_step_call_the_tool_once_and_the_others_wait_and_replay() {
     let (calls, refunds) = slow_refunds(Duration::from_secs(2));
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
 
     let tasks: Vec<_> = (0..8)
         .map(|_| {
@@ -56,7 +56,7 @@ async fn an_unkeyed_step_called_concurrently_is_sent_once() {
     // The same with the `Refuse` policy (three round trips: claim, mark, record).
     let (calls, refunds) = slow_refunds(Duration::from_millis(300));
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let (a, b) = tokio::join!(
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
         steps.clone().oneshot(Step::new(id.clone(), post("40"))),
@@ -79,7 +79,7 @@ async fn a_step_in_progress_for_many_leases_keeps_its_claim_and_is_never_run_by_
     let steps = StepLayer::new(MemoryStore::new())
         .lease(lease)
         .layer(refunds);
-    let keyed = StepId::new("run-1", 2, "refund");
+    let keyed = refund_id();
     let unkeyed = StepId::new("run-1", 3, "refund");
 
     let owners = [
@@ -123,7 +123,7 @@ async fn a_step_in_progress_for_many_leases_keeps_its_claim_and_is_never_run_by_
 async fn a_waiter_with_a_deadline_on_the_request_gives_up_at_the_deadline() {
     let (calls, refunds) = hanging_refunds();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let owner = tokio::spawn(
         steps
             .clone()
@@ -154,7 +154,7 @@ async fn a_waiter_with_a_deadline_on_the_request_gives_up_at_the_deadline() {
 async fn a_waiter_with_a_deadline_that_passed_gives_up_at_once() {
     let (calls, refunds) = hanging_refunds();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let owner = tokio::spawn(
         steps
             .clone()
@@ -240,7 +240,7 @@ async fn without_a_deadline_a_waiter_gives_up_after_max_wait() {
     let steps = StepLayer::new(MemoryStore::new())
         .max_wait(Duration::from_secs(5))
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let owner = tokio::spawn(steps.clone().oneshot(Step::new(id.clone(), post("1"))));
     tokio::task::yield_now().await;
 
@@ -257,7 +257,7 @@ async fn without_a_deadline_a_waiter_gives_up_after_max_wait() {
 async fn a_waiter_whose_deadline_comes_before_a_dead_owners_lease_ends_sends_nothing() {
     let (calls, refunds) = hanging_refunds();
     let steps = StepLayer::new(MemoryStore::new()).layer(refunds); // lease 10 s
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     kill_after(
         steps
             .clone()
@@ -293,7 +293,7 @@ async fn a_waiter_looks_again_soon_after_the_owner_finishes() {
     let steps = StepLayer::new(MemoryStore::new())
         .lease(lease)
         .layer(refunds);
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     let owner = tokio::spawn(steps.clone().oneshot(Step::new(id.clone(), post("1"))));
     tokio::task::yield_now().await;
 
@@ -309,34 +309,15 @@ async fn a_waiter_looks_again_soon_after_the_owner_finishes() {
     assert_eq!(calls.load(SeqCst), 1);
 }
 
-/// A refunds tool whose first call never answers and whose later calls answer at once.
-fn first_call_hangs() -> (
-    support::Calls,
-    impl tower::Service<
-            http::Request<String>,
-            Response = support::Refund,
-            Error = std::io::Error,
-            Future = impl Send,
-        > + Clone
-        + Send,
-) {
-    support::tool(|_: http::Request<String>, call| async move {
-        if call == 0 {
-            std::future::pending::<()>().await;
-        }
-        Ok(support::Refund { status: 201, call })
-    })
-}
-
 #[tokio::test(start_paused = true)]
 async fn deadline_call_on_a_step_bounds_the_wait_for_a_dead_owner() {
     // `Deadline::call`: "the way a caller gives a call its deadline": the step (a `Carrier`)
     // carries it on its request and the call runs in its scope. Shorter than the dead owner's
     // lease: nothing sent, in progress at the deadline; a later call whose deadline reaches
     // past the lease takes the step over (keyed: sent again with its key).
-    let (calls, refunds) = first_call_hangs();
+    let (calls, refunds) = support::first_calls_hang(1);
     let mut steps = StepLayer::new(MemoryStore::new()).layer(refunds); // lease 10 s
-    let id = StepId::new("run-1", 2, "refund");
+    let id = refund_id();
     kill_after(
         steps
             .clone()
@@ -413,7 +394,7 @@ async fn deadline_call_on_a_step_carries_the_deadline_to_the_tool() {
     });
     let mut steps = StepLayer::new(MemoryStore::new()).layer(tool_);
     let deadline = Deadline::after(Duration::from_secs(5));
-    let step = Step::new(StepId::new("run-1", 2, "refund"), post("1")).keyed();
+    let step = Step::new(refund_id(), post("1")).keyed();
     let out = deadline
         .call(steps.ready().await.unwrap(), step)
         .await

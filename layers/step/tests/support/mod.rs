@@ -3,6 +3,9 @@
 //! slow, and ways to stop a step mid-call (drop it, or forget it as a killed process does).
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +18,20 @@ use tower_once_idempotency::store::{
     ClaimOutcome, ClaimToken, Completion, IdempotencyStore, MemoryStore, StoreFuture, StoreKey,
 };
 use tower_once_step::{StepId, StepRequest};
+
+/// A refunds tool, as the fixtures below return it: answers `Refund`, fails with an I/O error,
+/// its futures `Send`.
+pub trait RefundTool<Req>:
+    Service<Req, Response = Refund, Error = std::io::Error, Future: Send> + Clone + Send
+{
+}
+
+impl<Req, S> RefundTool<Req> for S
+where
+    S: Service<Req, Response = Refund, Error = std::io::Error> + Clone + Send,
+    S::Future: Send,
+{
+}
 
 /// How many times a tool was called.
 pub type Calls = Arc<AtomicUsize>;
@@ -51,31 +68,58 @@ where
 }
 
 /// A refunds tool answering `201` at once.
-pub fn refunds<Req: Send + 'static>() -> (
-    Arc<AtomicUsize>,
-    impl Service<Req, Response = Refund, Error = std::io::Error, Future = impl Send> + Clone + Send,
-) {
+pub fn refunds<Req: Send + 'static>() -> (Calls, impl RefundTool<Req>) {
     tool(|_req: Req, call| async move { Ok(Refund { status: 201, call }) })
 }
 
 /// A refunds tool whose calls take `delay` (on tokio's clock).
-pub fn slow_refunds<Req: Send + 'static>(
-    delay: Duration,
-) -> (
-    Arc<AtomicUsize>,
-    impl Service<Req, Response = Refund, Error = std::io::Error, Future = impl Send> + Clone + Send,
-) {
+pub fn slow_refunds<Req: Send + 'static>(delay: Duration) -> (Calls, impl RefundTool<Req>) {
     tool(move |_req: Req, call| async move {
         tokio::time::sleep(delay).await;
         Ok(Refund { status: 201, call })
     })
 }
 
+/// A refunds tool whose first `hanging` calls never answer (a killed process's, say) and whose
+/// later calls answer `201` at once.
+pub fn first_calls_hang<Req: Send + 'static>(hanging: usize) -> (Calls, impl RefundTool<Req>) {
+    tool(move |_: Req, call| async move {
+        if call < hanging {
+            std::future::pending::<()>().await;
+        }
+        Ok(Refund { status: 201, call })
+    })
+}
+
+/// A refunds tool whose every call fails at once with a timeout (sent, its outcome unknown).
+pub fn timing_out<Req: Send + 'static>() -> (Calls, impl RefundTool<Req>) {
+    tool(
+        |_: Req, _| async move { Err::<Refund, _>(std::io::Error::from(std::io::ErrorKind::TimedOut)) },
+    )
+}
+
+/// A tool that keeps the `Idempotency-Key` of every call (when it is called, before its
+/// future runs), then answers `f(n)` for its `n`th call (from 0).
+pub fn keeping_keys<F, Fut>(f: F) -> (Calls, Keys, impl RefundTool<http::Request<String>>)
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Refund, std::io::Error>> + Send + 'static,
+{
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&keys);
+    let (calls, svc) = tool(move |req: http::Request<String>, call| {
+        seen.lock().unwrap().push(
+            req.headers()
+                .get("idempotency-key")
+                .map(|v| v.to_str().unwrap().to_owned()),
+        );
+        f(call)
+    });
+    (calls, keys, svc)
+}
+
 /// A refunds tool whose calls never answer (the call is sent, the answer never comes).
-pub fn hanging_refunds<Req: Send + 'static>() -> (
-    Arc<AtomicUsize>,
-    impl Service<Req, Response = Refund, Error = std::io::Error, Future = impl Send> + Clone + Send,
-) {
+pub fn hanging_refunds<Req: Send + 'static>() -> (Calls, impl RefundTool<Req>) {
     tool(|_req: Req, _call| async move {
         std::future::pending::<()>().await;
         Ok(Refund {
@@ -97,6 +141,11 @@ pub fn get() -> http::Request<String> {
     http::Request::get("http://orders/orders/A7")
         .body(String::new())
         .unwrap()
+}
+
+/// The step most tests run: run-1's second step, calling the `refund` tool.
+pub fn refund_id() -> StepId {
+    StepId::new("run-1", 2, "refund")
 }
 
 /// A request type of the caller's own: no extensions, never sent twice unless the step says so.
