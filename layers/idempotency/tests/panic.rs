@@ -95,9 +95,32 @@ async fn a_panic_is_never_polled_again_and_frees_the_key<St: IdempotencyStore>(s
     }
 }
 
+/// The retry sent the moment the panic reached the caller (as a client does on the `500` of a
+/// `CatchPanicLayer`) runs the handler: the key's release is done before the panic goes on,
+/// never left to a task the retry can overtake.
+async fn a_retry_right_after_the_panic_runs_the_handler<St: IdempotencyStore>(store: St) {
+    for round in 0..5 {
+        let key = format!("k-panic-retry-{round}");
+        let handler = Panicking::default();
+        let svc = IdempotencyLayer::with_store(store.clone())
+            .lease(Duration::from_secs(60))
+            .layer(handler.clone());
+        let first = tokio::spawn(svc.clone().oneshot(charge(&key))).await;
+        assert!(first.unwrap_err().is_panic());
+        let res: Response<ResponseBody<Full<Bytes>>> = svc.oneshot(charge(&key)).await.unwrap();
+        assert_eq!(
+            res.status(),
+            StatusCode::CREATED,
+            "round {round}: the key was released"
+        );
+        assert_eq!(handler.calls.load(SeqCst), 2);
+    }
+}
+
 #[tokio::test]
 async fn memory_store() {
     a_panic_is_never_polled_again_and_frees_the_key(MemoryStore::default()).await;
+    a_retry_right_after_the_panic_runs_the_handler(MemoryStore::default()).await;
 }
 
 #[cfg(feature = "redis")]
@@ -106,7 +129,8 @@ async fn redis_store() {
     use tower_once_idempotency::store::redis::RedisStore;
     let redis = tower_once_test_support::redis::RedisServer::start();
     let store = RedisStore::connect(&redis.url()).await.unwrap();
-    a_panic_is_never_polled_again_and_frees_the_key(store).await;
+    a_panic_is_never_polled_again_and_frees_the_key(store.clone()).await;
+    a_retry_right_after_the_panic_runs_the_handler(store).await;
 }
 
 #[cfg(feature = "postgres")]
@@ -114,7 +138,8 @@ async fn redis_store() {
 async fn postgres_store() {
     let schema = tower_once_test_support::postgres::Schema::create();
     let store = support::postgres_store(&schema).await;
-    a_panic_is_never_polled_again_and_frees_the_key(store).await;
+    a_panic_is_never_polled_again_and_frees_the_key(store.clone()).await;
+    a_retry_right_after_the_panic_runs_the_handler(store).await;
 }
 
 /// A response body that yields its chunks, then panics (counting the polls that panicked), or

@@ -16,6 +16,7 @@ use http::{request, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -95,11 +96,38 @@ where
                 // NOTE: the renewal timer is polled only once the handler is pending, so a
                 // handler that answers at once never registers a timer.
                 StateProj::Run { future } => {
-                    let Poll::Ready(result) = future.poll(cx) else {
-                        ctx.poll_renew(this.renew.as_mut(), cx);
-                        return Poll::Pending;
-                    };
-                    ctx.ran(span, result)
+                    // NOTE: a handler that panics has its key released, and the release
+                    // awaited, before the panic goes on: the caller's `500` (a
+                    // `CatchPanicLayer` outside) is never followed by a retry that meets the
+                    // key still held. The panicked future is dropped, never polled again.
+                    let polled = catch_unwind(AssertUnwindSafe(|| future.poll(cx)));
+                    match polled {
+                        Ok(Poll::Ready(result)) => ctx.ran(span, result),
+                        Ok(Poll::Pending) => {
+                            ctx.poll_renew(this.renew.as_mut(), cx);
+                            return Poll::Pending;
+                        }
+                        Err(payload) => {
+                            tracing::warn!("idempotency handler panicked; releasing its key");
+                            ctx.release(span, "the handler panicked");
+                            this.renew.set(None);
+                            State::Unwind {
+                                payload: Some(payload),
+                            }
+                        }
+                    }
+                }
+                StateProj::Unwind { payload } => {
+                    if let Some(claim) = ctx.claim.as_mut() {
+                        ready!(claim.poll_finish(cx));
+                    }
+                    ctx.claim = None;
+                    let payload = payload.take();
+                    this.state.set(State::Done);
+                    match payload {
+                        Some(payload) => resume_unwind(payload),
+                        None => tower_once_core::polled_after_completion("ResponseFuture"),
+                    }
                 }
                 StateProj::Check { check, response } => {
                     let settled = ready!(check.as_mut().poll(cx));

@@ -40,6 +40,9 @@ pin_project! {
             trailers: Option<HeaderMap>,
         },
         Finish { result: Option<Result<Response<ResponseBody<ResB>>, E>> },
+        // The handler panicked: its key is released (the release awaited), then the panic goes
+        // on to the caller.
+        Unwind { payload: Option<Box<dyn std::any::Any + Send>> },
         Done,
     }
 }
