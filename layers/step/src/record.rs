@@ -22,11 +22,9 @@ pub(crate) enum Recorded<'a> {
     },
 }
 
-/// Marks `record` (the codec's) as a done step's.
-pub(crate) fn done(mut record: StoredResponse) -> StoredResponse {
-    record
-        .headers
-        .insert(STEP_RECORD, HeaderValue::from_static("done"));
+/// Marks `record` (the codec's) as a done step's: by what it lacks (an unknown outcome's
+/// mark), so a replay clones no header the codec did not write.
+pub(crate) fn done(record: StoredResponse) -> StoredResponse {
     record
 }
 
@@ -47,7 +45,10 @@ pub(crate) fn unknown(sent_at: SystemTime, key: &str) -> StoredResponse {
 }
 
 pub(crate) fn read(record: &StoredResponse) -> Option<Recorded<'_>> {
-    match record.headers.get(STEP_RECORD)?.as_bytes() {
+    let Some(mark) = record.headers.get(STEP_RECORD) else {
+        return Some(Recorded::Done(record));
+    };
+    match mark.as_bytes() {
         b"done" => Some(Recorded::Done(record)),
         b"unknown" => {
             let sent_at = record
