@@ -107,14 +107,7 @@ where
                             ctx.poll_renew(this.renew.as_mut(), cx);
                             return Poll::Pending;
                         }
-                        Err(payload) => {
-                            tracing::warn!("idempotency handler panicked; releasing its key");
-                            ctx.release(span, "the handler panicked");
-                            this.renew.set(None);
-                            State::Unwind {
-                                payload: Some(payload),
-                            }
-                        }
+                        Err(payload) => ctx.panicked(span, this.renew.as_mut(), payload),
                     }
                 }
                 StateProj::Unwind { payload } => {

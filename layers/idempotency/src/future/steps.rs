@@ -22,6 +22,7 @@ use http::header::{self, HeaderValue};
 use http::{response, HeaderMap, Request, Response};
 use http_body::Body;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -124,8 +125,14 @@ where
                         Arc::clone(&self.config) as Arc<dyn StoreRules>,
                     ));
                 }
-                State::Run {
-                    future: self.service.call(request.map(RequestBody::full)),
+                // NOTE: a handler that panics in `call` (before its future exists) is treated
+                // as one that panics when polled: its key released, the release awaited, then
+                // the panic goes on.
+                let request = request.map(RequestBody::full);
+                let service = &mut self.service;
+                match catch_unwind(AssertUnwindSafe(|| service.call(request))) {
+                    Ok(future) => State::Run { future },
+                    Err(payload) => self.panicked(span, renew, payload),
                 }
             }
             Ok(ClaimOutcome::Existing(record)) => {
@@ -278,6 +285,27 @@ where
     pub(super) fn poll_renew(&mut self, renew: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) {
         if let (Some(timer), Some(claim)) = (renew.as_pin_mut(), self.claim.as_mut()) {
             claim.poll_renew(timer, cx);
+        }
+    }
+
+    /// The handler panicked: its key is released, and the panic goes on once the release is
+    /// done ([`State::Unwind`]).
+    pub(super) fn panicked<ReqB, ResB>(
+        &mut self,
+        span: &Span,
+        mut renew: Pin<&mut Option<Sleep>>,
+        payload: Box<dyn std::any::Any + Send>,
+    ) -> StateOf<S, ReqB, ResB, St>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body<Data = Bytes>,
+        ResB: Body,
+    {
+        tracing::warn!("idempotency handler panicked; releasing its key");
+        self.release(span, "the handler panicked");
+        renew.set(None);
+        State::Unwind {
+            payload: Some(payload),
         }
     }
 
