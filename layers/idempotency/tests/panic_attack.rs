@@ -107,3 +107,104 @@ async fn panic_in_call_postgres_transactional_store() {
     let store = support::postgres_store(&schema).await.transactional();
     a_retry_right_after_a_panic_in_call_runs_the_handler(store).await;
 }
+
+/// A handler whose first future waits for `go`, then panics with `payload`; later calls
+/// answer `201`.
+#[derive(Clone)]
+struct PanicsOnGo {
+    calls: Arc<AtomicUsize>,
+    started: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+}
+
+impl PanicsOnGo {
+    fn new() -> Self {
+        Self {
+            calls: Arc::default(),
+            started: Arc::default(),
+            go: Arc::default(),
+        }
+    }
+}
+
+impl Service<Req> for PanicsOnGo {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> BoxFut {
+        if self.calls.fetch_add(1, SeqCst) == 0 {
+            let (started, go) = (self.started.clone(), self.go.clone());
+            return Box::pin(async move {
+                started.notify_one();
+                go.notified().await;
+                // Not a `&str` nor a `String`.
+                std::panic::panic_any(42u32)
+            });
+        }
+        created()
+    }
+}
+
+/// Redis frozen (SIGSTOP) when the handler panics: the release the layer now waits for cannot
+/// land, yet the panic reaches the caller within the store's command timeout (1 s; 10 s
+/// allowed), with its payload (a `u32`) intact. Then, whether the request was left to finish or
+/// dropped mid-release (`cancel_on_disconnect` either way): once Redis thaws and the detached
+/// work is done, the retry runs the handler.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_frozen_during_the_release_the_panic_still_reaches_the_caller() {
+    use tower_once_idempotency::store::redis::RedisStore;
+    let redis = tower_once_test_support::redis::RedisServer::start();
+    let store = RedisStore::connect(&redis.url()).await.unwrap();
+    for (drop_mid_release, cancel) in [(false, false), (true, false), (true, true)] {
+        let key = format!("k-frozen-{drop_mid_release}-{cancel}");
+        let handler = PanicsOnGo::new();
+        let layer = IdempotencyLayer::with_store(store.clone())
+            .lease(Duration::from_secs(3))
+            .cancel_on_disconnect(cancel);
+        let detached = layer.detached();
+        let svc = layer.layer(handler.clone());
+        let first = tokio::spawn(svc.clone().oneshot(charge(&key)));
+        handler.started.notified().await;
+        redis.signal("-STOP");
+        handler.go.notify_one();
+        if drop_mid_release {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            first.abort();
+            let _ = first.await;
+        } else {
+            let outcome = tokio::time::timeout(Duration::from_secs(10), first).await;
+            redis.signal("-CONT");
+            let panic = outcome
+                .expect("the panic never reached the caller while Redis was frozen")
+                .unwrap_err()
+                .into_panic();
+            assert_eq!(panic.downcast_ref::<u32>(), Some(&42), "the payload went on intact");
+        }
+        redis.signal("-CONT");
+        tokio::time::timeout(Duration::from_secs(20), detached.wait())
+            .await
+            .expect("detached work never ended");
+        // The release may have been lost to the freeze: the 3 s lease frees the key anyway.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let res: Response<ResponseBody<Full<Bytes>>> =
+                svc.clone().oneshot(charge(&key)).await.unwrap();
+            if res.status() == StatusCode::CREATED {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "({drop_mid_release}, {cancel}): the key stayed held: {}",
+                res.status()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(handler.calls.load(SeqCst), 2);
+    }
+}
