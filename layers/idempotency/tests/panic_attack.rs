@@ -208,3 +208,41 @@ async fn redis_frozen_during_the_release_the_panic_still_reaches_the_caller() {
         assert_eq!(handler.calls.load(SeqCst), 2);
     }
 }
+
+/// Two `IdempotencyLayer`s nested under axum (an app-wide layer around a nested router with
+/// its own): the handler's panic releases both keys before it reaches the caller, so the retry
+/// sent at once runs the handler.
+#[tokio::test]
+async fn nested_layers_release_both_keys_before_the_panic_goes_on() {
+    use axum::{routing::post, Router};
+    for round in 0..3 {
+        let key = format!("k-nested-{round}");
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let api = Router::new()
+            .route(
+                "/charges",
+                post(move || {
+                    let calls = counted.clone();
+                    async move {
+                        if calls.fetch_add(1, SeqCst) == 0 {
+                            std::panic::panic_any(42u32);
+                        }
+                        (StatusCode::CREATED, "charged")
+                    }
+                }),
+            )
+            .layer(IdempotencyLayer::new().lease(Duration::from_secs(60)));
+        let app = Router::new()
+            .nest("/api", api)
+            .layer(IdempotencyLayer::new().lease(Duration::from_secs(60)));
+        let req = support::post("/api/charges", Some(&key), "{}");
+        let first = tokio::spawn(app.clone().oneshot(req)).await;
+        let panic = first.unwrap_err().into_panic();
+        assert_eq!(panic.downcast_ref::<u32>(), Some(&42));
+        let req = support::post("/api/charges", Some(&key), "{}");
+        let res = app.oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED, "round {round}");
+        assert_eq!(calls.load(SeqCst), 2);
+    }
+}
