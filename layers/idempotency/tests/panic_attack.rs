@@ -246,3 +246,51 @@ async fn nested_layers_release_both_keys_before_the_panic_goes_on() {
         assert_eq!(calls.load(SeqCst), 2);
     }
 }
+
+/// Postgres blocks the release (another session holds the key table locked) when the handler
+/// panics: the release the layer now waits for cannot land, yet the panic reaches the caller
+/// within the store's statement timeout (1 s; 10 s allowed), payload intact. Once the lock goes,
+/// the retry runs the handler (at the latest when the 3 s lease ends).
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_blocked_during_the_release_the_panic_still_reaches_the_caller() {
+    use tower_once_idempotency::store::postgres::sqlx::{self, Connection, Executor};
+    let schema = tower_once_test_support::postgres::Schema::create();
+    let store = support::postgres_store(&schema).await;
+    let handler = PanicsOnGo::new();
+    let layer = IdempotencyLayer::with_store(store).lease(Duration::from_secs(3));
+    let detached = layer.detached();
+    let svc = layer.layer(handler.clone());
+    let first = tokio::spawn(svc.clone().oneshot(charge("k-pg-blocked")));
+    handler.started.notified().await;
+    let mut locker =
+        sqlx::PgConnection::connect(&tower_once_test_support::postgres::database_url())
+            .await
+            .unwrap();
+    locker.execute("BEGIN").await.unwrap();
+    locker
+        .execute(format!("LOCK TABLE {}.idem IN ACCESS EXCLUSIVE MODE", schema.name).as_str())
+        .await
+        .unwrap();
+    handler.go.notify_one();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), first).await;
+    locker.execute("ROLLBACK").await.unwrap();
+    let panic = outcome
+        .expect("the panic never reached the caller while the release was blocked")
+        .unwrap_err()
+        .into_panic();
+    assert_eq!(panic.downcast_ref::<u32>(), Some(&42));
+    tokio::time::timeout(Duration::from_secs(20), detached.wait())
+        .await
+        .expect("detached work never ended");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let res: Response<ResponseBody<Full<Bytes>>> =
+            svc.clone().oneshot(charge("k-pg-blocked")).await.unwrap();
+        if res.status() == StatusCode::CREATED {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "key stayed held: {}", res.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
