@@ -61,7 +61,7 @@ impl Service<Req> for PanicsInCall {
 /// runs the handler (`201`), as the crate docs promise for a panicking handler.
 async fn a_retry_right_after_a_panic_in_call_runs_the_handler<St: IdempotencyStore>(store: St) {
     for round in 0..5 {
-        let key = format!("k-call-panic-{round}");
+        let key = format!("k-call-panic-{round}-{}", uuid_ish());
         let handler = PanicsInCall::default();
         let svc = IdempotencyLayer::with_store(store.clone())
             .lease(Duration::from_secs(60))
@@ -293,4 +293,30 @@ async fn postgres_blocked_during_the_release_the_panic_still_reaches_the_caller(
         assert!(tokio::time::Instant::now() < deadline, "key stayed held: {}", res.status());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The panic in `call` on the memory store, on a multi-threaded runtime (as servers run): the
+/// background release and the retry's claim race on two threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_in_call_memory_store_multi_thread() {
+    for _ in 0..10 {
+        a_retry_right_after_a_panic_in_call_runs_the_handler(MemoryStore::default()).await;
+    }
+}
+
+/// The panic in `call` on the transactional Postgres store, on a multi-threaded runtime.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_in_call_postgres_transactional_store_multi_thread() {
+    let schema = tower_once_test_support::postgres::Schema::create();
+    let store = support::postgres_store(&schema).await.transactional();
+    for _ in 0..4 {
+        a_retry_right_after_a_panic_in_call_runs_the_handler(store.clone()).await;
+    }
+}
+
+/// A key of its own per call of the scenario.
+fn uuid_ish() -> usize {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, SeqCst)
 }
