@@ -322,3 +322,34 @@ fn uuid_ish() -> usize {
     static N: AtomicUsize = AtomicUsize::new(0);
     N.fetch_add(1, SeqCst)
 }
+
+/// The client went away while the handler ran (`cancel_on_disconnect(false)`: the handler goes
+/// on on a detached task), and the handler then panics there: the detached work ends (the panic
+/// is the task's), and once `detached.wait()` returns the key is free: the retry runs the
+/// handler at once. Postgres store.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_detached_handler_that_panics_frees_the_key_before_the_wait_returns() {
+    let schema = tower_once_test_support::postgres::Schema::create();
+    let store = support::postgres_store(&schema).await;
+    for round in 0..5 {
+        let key = format!("k-detached-panic-{round}");
+        let handler = PanicsOnGo::new();
+        let layer = IdempotencyLayer::with_store(store.clone())
+            .lease(Duration::from_secs(60))
+            .cancel_on_disconnect(false);
+        let detached = layer.detached();
+        let svc = layer.layer(handler.clone());
+        let first = tokio::spawn(svc.clone().oneshot(charge(&key)));
+        handler.started.notified().await;
+        first.abort();
+        let _ = first.await;
+        handler.go.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), detached.wait())
+            .await
+            .expect("the detached handler's work never ended");
+        let res: Response<ResponseBody<Full<Bytes>>> = svc.oneshot(charge(&key)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED, "round {round}: key still held");
+        assert_eq!(handler.calls.load(SeqCst), 2);
+    }
+}
