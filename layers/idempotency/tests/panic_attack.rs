@@ -45,7 +45,10 @@ impl Service<Req> for PanicsInCall {
     type Error = Infallible;
     type Future = BoxFut;
 
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -67,7 +70,10 @@ async fn a_retry_right_after_a_panic_in_call_runs_the_handler<St: IdempotencySto
             .lease(Duration::from_secs(60))
             .layer(handler.clone());
         let first = tokio::spawn(svc.clone().oneshot(charge(&key))).await;
-        assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+        assert!(
+            first.unwrap_err().is_panic(),
+            "the panic reaches the caller"
+        );
         let res: Response<ResponseBody<Full<Bytes>>> = svc.oneshot(charge(&key)).await.unwrap();
         assert_eq!(
             res.status(),
@@ -134,7 +140,10 @@ impl Service<Req> for PanicsOnGo {
     type Error = Infallible;
     type Future = BoxFut;
 
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -186,7 +195,11 @@ async fn redis_frozen_during_the_release_the_panic_still_reaches_the_caller() {
                 .expect("the panic never reached the caller while Redis was frozen")
                 .unwrap_err()
                 .into_panic();
-            assert_eq!(panic.downcast_ref::<u32>(), Some(&42), "the payload went on intact");
+            assert_eq!(
+                panic.downcast_ref::<u32>(),
+                Some(&42),
+                "the payload went on intact"
+            );
         }
         redis.signal("-CONT");
         tokio::time::timeout(Duration::from_secs(20), detached.wait())
@@ -292,7 +305,11 @@ async fn postgres_blocked_during_the_release_the_panic_still_reaches_the_caller(
         if res.status() == StatusCode::CREATED {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "key stayed held: {}", res.status());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "key stayed held: {}",
+            res.status()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -349,7 +366,11 @@ async fn a_detached_handler_that_panics_frees_the_key_before_the_wait_returns() 
             .await
             .expect("the detached handler's work never ended");
         let res: Response<ResponseBody<Full<Bytes>>> = svc.oneshot(charge(&key)).await.unwrap();
-        assert_eq!(res.status(), StatusCode::CREATED, "round {round}: key still held");
+        assert_eq!(
+            res.status(),
+            StatusCode::CREATED,
+            "round {round}: key still held"
+        );
         assert_eq!(handler.calls.load(SeqCst), 2);
     }
 }

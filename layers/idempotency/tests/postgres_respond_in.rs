@@ -785,8 +785,8 @@ async fn a_read_committed_handler_slower_than_its_lease_charges_once() {
     assert!(app.refusals().is_empty(), "{:?}", app.refusals());
 }
 
-/// The same panic after `respond_in` and before the commit, held to the promise of fc6a3f7
-/// (crate docs "panicked" row): the key is released, and the release awaited, before the panic
+/// The same panic after `respond_in` and before the commit, held to the crate docs' "panicked"
+/// row: the key is released, and the release awaited, before the panic
 /// goes on, so the retry sent the moment the panic is reported runs the handler: no `409`
 /// tolerated. Five keys, one app each.
 #[tokio::test]
@@ -801,7 +801,10 @@ async fn a_retry_sent_at_once_after_a_panic_past_respond_in_runs_the_handler() {
             let key = key.clone();
             tokio::spawn(async move { send(&router, &key, "5").await }).await
         };
-        assert!(first.unwrap_err().is_panic(), "the panic reaches the caller");
+        assert!(
+            first.unwrap_err().is_panic(),
+            "the panic reaches the caller"
+        );
         let answer = send(&router, &key, "5").await;
         assert_eq!(
             (answer.0, answer.1),
