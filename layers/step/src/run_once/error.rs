@@ -27,7 +27,9 @@ impl<E> RunOnceError<E> {
         matches!(self.0, Repr::Inner(_))
     }
 
-    /// Another delivery of the same job id holds the claim; the handler did not run.
+    /// This very queue entry (the same [`delivery`](super::Delivery::delivery)) is running
+    /// elsewhere, redelivered while it runs: the handler did not run, and the entry is to be
+    /// left pending (another entry with the same key is a duplicate instead).
     pub fn is_in_progress(&self) -> bool {
         matches!(self.0, Repr::InProgress)
     }
@@ -64,9 +66,9 @@ impl<E: fmt::Display> fmt::Display for RunOnceError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Repr::Inner(e) => fmt::Display::fmt(e, f),
-            Repr::InProgress => f.write_str("another delivery of this job id is running"),
+            Repr::InProgress => f.write_str("this entry is running in another delivery"),
             Repr::RolledBack => f.write_str(
-                "the handler returned Ok but its transaction rolled back the job's record (and its effects): left to run again",
+                "the handler returned Ok but its transaction rolled back the run's record (and its effects): left to run again",
             ),
             Repr::Store(e) => write!(f, "run-once store: {e}"),
         }

@@ -58,35 +58,72 @@ use tower_once_idempotency::fingerprint::Fingerprint;
 use tower_once_idempotency::store::{IdempotencyStore, StoreError, StoreKey};
 use tower_service::Service;
 
-/// Default lease of a run-once claim.
+/// Default lease of a run-once claim (30 s; a step's is 10 s).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Default retention of a "done" record.
+/// Default retention of a run-once "done" record (24 h; a step's is 7 days).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// A message delivered at least once whose effect must happen once per id.
 /// [`RunOnceLayer`] runs it once per [`once_key`](Self::once_key).
 ///
+/// Two identities, and each must be stable:
+///
+/// - [`once_key`](Self::once_key) names the **effect**: the same for every delivery of the
+///   message and for every duplicate enqueue of it. Derive it from what the effect is about (a
+///   job id the producer chose, `welcome/{user_id}`), not from an id the queue assigns to each
+///   enqueue (SQS gives a duplicate enqueue a new `MessageId`).
+/// - [`delivery`](Self::delivery) names the **queue entry**: the same for every redelivery of
+///   that entry (a Redis Streams entry id, an SQS `MessageId`), never a per-receive handle (an
+///   SQS `ReceiptHandle` changes on every receive: a redelivery while the first run still runs
+///   would then read as a duplicate enqueue and be acknowledged, and if the first run then
+///   failed, the entry would be gone).
+///
+/// Run-once records share the store (and a Redis store's key prefix) with the idempotency
+/// layer's and the steps' records: derive the key as a hash over a tag of your own and the id.
+///
 /// ```
-/// use tower_once_step::run_once::Delivery;
-/// use tower_once_step::StepRequest;
-/// use tower_once_idempotency::fingerprint::Fingerprint;
-/// use tower_once_idempotency::store::StoreKey;
 /// use sha2::{Digest, Sha256};
+/// use tower::{Layer, ServiceExt};
+/// use tower_once_idempotency::fingerprint::Fingerprint;
+/// use tower_once_idempotency::store::{MemoryStore, StoreKey};
+/// use tower_once_step::run_once::{Delivery, RunOnceLayer, RunOnceOutcome};
+/// use tower_once_step::StepRequest;
 ///
-/// /// An order event from a queue: `event_id` names its effect, `receipt` the delivery.
-/// struct OrderEvent { event_id: String, receipt: String }
+/// /// A "user signed up" message: the effect is one welcome mail per user; `message_id` is
+/// /// the queue's id of this entry (the same on every redelivery of it).
+/// #[derive(Clone)]
+/// struct SignedUp { user_id: u64, message_id: String }
 ///
-/// impl StepRequest for OrderEvent {}
+/// impl StepRequest for SignedUp {}
 ///
-/// impl Delivery for OrderEvent {
+/// impl Delivery for SignedUp {
 ///     fn once_key(&self) -> StoreKey {
-///         let digest = Sha256::new().chain_update("orders/v1\0").chain_update(&self.event_id);
+///         let digest = Sha256::new()
+///             .chain_update("welcome-mail/v1\0")
+///             .chain_update(self.user_id.to_be_bytes());
 ///         StoreKey::from_bytes(digest.finalize().into())
 ///     }
 ///     fn delivery(&self) -> Fingerprint {
-///         Fingerprint::from_bytes(Sha256::digest(&self.receipt).into())
+///         Fingerprint::from_bytes(Sha256::digest(&self.message_id).into())
 ///     }
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let send_welcome = tower::service_fn(|m: SignedUp| async move {
+///     Ok::<_, std::io::Error>(format!("mail to user {}", m.user_id))
+/// });
+/// let consumer = RunOnceLayer::new(MemoryStore::new()).layer(send_welcome);
+///
+/// let message = SignedUp { user_id: 7, message_id: "m-1".into() };
+/// let first = consumer.clone().oneshot(message.clone()).await.unwrap();
+/// assert_eq!(first, RunOnceOutcome::Done("mail to user 7".to_owned()));
+/// // Redelivered, or enqueued twice (another entry, same user): acknowledged unrun.
+/// let again = consumer.clone().oneshot(message).await.unwrap();
+/// assert!(again.is_duplicate());
+/// let twice = SignedUp { user_id: 7, message_id: "m-2".into() };
+/// assert!(consumer.oneshot(twice).await.unwrap().is_duplicate());
+/// # }
 /// ```
 pub trait Delivery: StepRequest {
     /// The store key of the effect the message names: the same for every delivery of it and
@@ -94,16 +131,24 @@ pub trait Delivery: StepRequest {
     /// the id), so it never meets another kind of record in a shared store.
     fn once_key(&self) -> StoreKey;
 
-    /// Which delivery this is (a stream entry, a receipt): a second delivery of the same one
-    /// while it runs is left in progress (acknowledging it would lose the message if the
-    /// running one then fails), while another message with the same id is a duplicate.
+    /// Which queue entry this is, the same on every redelivery of it (a stream entry id, an
+    /// SQS `MessageId`; never a per-receive handle): a redelivery of the entry while it runs
+    /// is left in progress (acknowledging it would lose the message if the running one then
+    /// fails), while another entry with the same key is a duplicate.
     fn delivery(&self) -> Fingerprint;
 }
 
 /// Wraps a handler so each message's effect runs once per id. See the [module docs](self).
 ///
 /// The handler's deadline ([`StepRequest::deadline`]) is put back in scope around its call,
-/// so a `TimeoutLayer` or `RetryLayer` inside still sees it after the claim.
+/// so a `TimeoutLayer` or `RetryLayer` inside still sees it after the claim. The handler (a
+/// `Clone` service), its future, response and error, and the message must be `Send +
+/// 'static`: the run is one boxed `Send` future, as a step's is. Through the `tower-once`
+/// crate, this module is `tower_once::step::run_once`. An example is on [`Delivery`].
+///
+/// Under a queue that redelivers an entry not acknowledged within some time (the worker's
+/// `claim_idle`, SQS's visibility timeout), use a [`lease`](Self::lease) of at most half of
+/// it, so a crashed run's claim has expired by the time its entry comes back.
 #[derive(Debug, Clone)]
 pub struct RunOnceLayer<St> {
     store: St,

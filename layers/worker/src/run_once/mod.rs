@@ -13,7 +13,8 @@
 //! |---|---|---|
 //! | nothing (or an expired claim) | claims it, runs the handler; `Ok` → records it done, `Err` → releases the claim | acts on the handler's outcome |
 //! | done | returns [`RunOnceOutcome::Duplicate`], the handler does not run | `XACK` |
-//! | in progress (another delivery is running it) | returns an error that [`is_in_progress`](RunOnceError::is_in_progress) | leaves it pending (transient) |
+//! | in progress by another stream entry with the same job id (a duplicate enqueue) | returns [`RunOnceOutcome::Duplicate`]: the running entry stays pending until it is done, or is delivered again if it fails | `XACK` |
+//! | in progress by this very entry (taken over while it still runs) | returns an error that [`is_in_progress`](RunOnceError::is_in_progress), not waited for | leaves it pending (transient) |
 //! | store unreachable | returns an error that [`is_store`](RunOnceError::is_store) | leaves it pending (transient) |
 //!
 //! While the handler runs, the claim's lease is renewed every third of it, so a slow handler
