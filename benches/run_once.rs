@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! cargo bench --bench run_once --features worker                   # allocations per job
-//! BENCH=run_once bash benches/callgrind.sh 2000 bare fresh duplicate  # instructions
+//! BENCH=run_once FEATURES=worker bash benches/callgrind.sh 2000 bare fresh duplicate  # instructions
 //! ```
 
 #![allow(missing_docs)]

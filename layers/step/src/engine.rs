@@ -96,7 +96,12 @@ where
     }
     let token = ClaimToken::new();
     let wait_until = deadline.map_or_else(
-        || Instant::now() + settings.max_wait,
+        || {
+            let now = Instant::now();
+            // A `max_wait` of centuries (a configuration) must not overflow the clock.
+            now.checked_add(settings.max_wait)
+                .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+        },
         |deadline| deadline.instant(),
     );
 

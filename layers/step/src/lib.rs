@@ -95,9 +95,9 @@
 //!
 //! [`run_once::RunOnceLayer`] is this mechanism with a message's identity instead of a step's:
 //! a job from a queue, an event, a webhook, delivered at least once, runs its handler once
-//! per id (any type that implements [`run_once::Delivery`]). A done id is a duplicate; a
-//! delivery whose id is running elsewhere is not waited for (the queue delivers it again);
-//! a failure frees the id. The worker of `tower-once-worker` runs its jobs with it.
+//! per id (any type that implements [`run_once::Delivery`]). A done id is a duplicate, and so
+//! is another entry with an id that is running; the same entry running elsewhere is not
+//! waited for (an error: the queue delivers it again); a failure frees the id. The worker of `tower-once-worker` runs its jobs with it.
 //!
 //! # Costs
 //!

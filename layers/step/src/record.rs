@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tower_once_idempotency::fingerprint::Fingerprint;
 use tower_once_idempotency::store::StoredResponse;
 
-/// On every step record: what it holds.
+/// On an unknown-outcome record: what it holds (a done step's record has no mark; records
+/// written with a "done" mark still read as done).
 pub(crate) const STEP_RECORD: HeaderName = HeaderName::from_static("tower-once-step");
 /// On an unknown-outcome record: when the call was sent (milliseconds since the epoch).
 const SENT_AT: HeaderName = HeaderName::from_static("tower-once-step-sent-at");

@@ -70,7 +70,11 @@ pub(crate) async fn settled_by_tool(
     written: &JobRecord,
     patience: Duration,
 ) -> Option<Result<Settled, StoreError>> {
-    let until = tokio::time::Instant::now() + patience;
+    let now = tokio::time::Instant::now();
+    // A lease of centuries (a configuration) must not overflow the clock.
+    let until = now
+        .checked_add(patience)
+        .unwrap_or_else(|| now + Duration::from_secs(3600));
     let mut pause = Duration::from_millis(5);
     loop {
         let settled = written.check()?.await;
@@ -140,7 +144,7 @@ pub(crate) fn replay<T, E, C: Codec<T>>(
             None,
         )),
         None => Err(StepError::codec(
-            "the record is not a step's (another layer's record under the same key?)".into(),
+            "the record carries a step mark this version does not know".into(),
         )),
     }
 }

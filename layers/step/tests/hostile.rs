@@ -249,3 +249,26 @@ async fn two_scopes_never_send_the_same_idempotency_key() {
         "two tenants' refunds carried one Idempotency-Key"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn durations_of_centuries_neither_panic_nor_overflow() {
+    // A `max_wait` and a lease as long as a `Duration` holds: a configuration, never a panic.
+    let (calls, refunds) = refunds();
+    let steps = StepLayer::new(MemoryStore::new())
+        .max_wait(Duration::MAX)
+        .lease(Duration::MAX)
+        .retention(Duration::MAX)
+        .layer(refunds);
+    let first = steps
+        .clone()
+        .oneshot(Step::new(refund_id(), post("40")).keyed())
+        .await
+        .unwrap();
+    assert!(first.is_recorded());
+    let again = steps
+        .oneshot(Step::new(refund_id(), post("40")).keyed())
+        .await
+        .unwrap();
+    assert!(again.is_replayed());
+    assert_eq!(calls.load(SeqCst), 1);
+}

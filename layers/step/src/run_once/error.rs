@@ -3,8 +3,8 @@
 use std::fmt;
 use tower_once_idempotency::store::StoreError;
 
-/// Why [`RunOnce`](super::RunOnce) returned no outcome: the handler's error, a concurrent delivery, or the
-/// store.
+/// Why [`RunOnce`](super::RunOnce) returned no outcome: the handler's error, the same entry
+/// running elsewhere, the store, or a handler's transaction that rolled back.
 #[derive(Debug)]
 pub struct RunOnceError<E>(pub(super) Repr<E>);
 
@@ -34,7 +34,10 @@ impl<E> RunOnceError<E> {
         matches!(self.0, Repr::InProgress)
     }
 
-    /// The store failed; the handler did not run.
+    /// The store failed (the handler did not run), or the handler ran and returned `Ok` but
+    /// whether its transaction committed its record is not known (still open after a third of
+    /// the lease, or the read failed): either way the entry is to be left pending, and the
+    /// record decides its next delivery.
     pub fn is_store(&self) -> bool {
         matches!(self.0, Repr::Store(_))
     }

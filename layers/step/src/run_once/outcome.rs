@@ -1,11 +1,13 @@
 //! What [`RunOnce`](super::RunOnce) answers when its handler ran, or did not need to.
 
-/// How a job went through [`RunOnce`](super::RunOnce).
+/// How a message went through [`RunOnce`](super::RunOnce).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunOnceOutcome<R> {
     /// The handler ran (this delivery) and returned this.
     Done(R),
-    /// The job id's effect was already done; the handler did not run.
+    /// The id's effect was already done, or another entry with the same id is running it (it
+    /// stays pending until it is done, or is delivered again if it fails); the handler did not
+    /// run.
     Duplicate,
 }
 
