@@ -62,6 +62,8 @@ where
 }
 
 #[cfg(not(feature = "postgres"))]
+// NOTE: the same type parameters as the `postgres` one, which its callers name.
+#[allow(clippy::extra_unused_type_parameters)]
 pub(crate) fn hand_claim<St, C, K, V, T, E>(
     _: &Arc<Settings<St, C, K, V>>,
     _: StoreKey,

@@ -7,43 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{Layer, ServiceExt};
-use tower_once_idempotency::store::postgres::PostgresStore;
-use tower_once_idempotency::Claim;
 use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
 
 mod support;
 
-use support::effects::EffectsDb;
-
-/// The job's claim, and a transaction that has written the job's effect row.
-async fn begin_effect(
-    job: &Job,
-    schema: &str,
-) -> Result<
-    (
-        Claim<PostgresStore>,
-        sqlx::Transaction<'static, sqlx::Postgres>,
-    ),
-    JobError,
-> {
-    let claim = job
-        .extensions()
-        .get::<Claim<PostgresStore>>()
-        .cloned()
-        .ok_or_else(|| JobError::permanent("no claim"))?;
-    let mut tx = claim
-        .store()
-        .pool()
-        .begin()
-        .await
-        .map_err(JobError::transient)?;
-    sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
-        .bind(job.job_id().as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(JobError::transient)?;
-    Ok((claim, tx))
-}
+use support::effects::{begin_effect, EffectsDb};
 
 /// Writes one effect row and the run-once record in one transaction, after `pause` (a
 /// blocking one: the thread stops, as in a GC pause, so the lease is not renewed) for the

@@ -11,33 +11,10 @@ use tower_once_worker::{Job, JobError, JobId, RunOnceLayer, RunOnceOutcome};
 
 mod support;
 
-use support::effects::EffectsDb;
-
-type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+use support::effects::{begin_effect, EffectsDb, Tx};
 
 fn job(entry: &str, id: &str) -> Job {
     Job::new(entry, JobId::new(id).unwrap(), "{}", 1)
-}
-
-async fn begin_effect(job: &Job, schema: &str) -> Result<(Claim<PostgresStore>, Tx), JobError> {
-    let claim = job
-        .extensions()
-        .get::<Claim<PostgresStore>>()
-        .cloned()
-        .ok_or_else(|| JobError::permanent("no claim"))?;
-    let tx = claim
-        .store()
-        .pool()
-        .begin()
-        .await
-        .map_err(JobError::transient)?;
-    let mut tx = tx;
-    sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
-        .bind(job.job_id().as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(JobError::transient)?;
-    Ok((claim, tx))
 }
 
 /// A handler whose first run of each job does `first` with its claim and its transaction (the
@@ -79,18 +56,6 @@ where
     (service, runs)
 }
 
-/// The number of effect rows of `id`.
-async fn effects_of(fixture: &EffectsDb, id: &str) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {}.effects WHERE job_id = $1",
-        fixture.schema.name
-    ))
-    .bind(id)
-    .fetch_one(fixture.store.pool())
-    .await
-    .unwrap()
-}
-
 /// The handler writes its effect and record, then drops its transaction (forgot to commit) and
 /// returns `Ok`. sqlx only queues the ROLLBACK on drop, so the layer's read of the record can
 /// find the transaction still open: it looks again until it ends (rolled back: the run is an
@@ -108,7 +73,7 @@ async fn a_dropped_uncommitted_transaction_with_ok_is_never_acknowledged_done() 
     for i in 0..60 {
         let id = format!("dropped-{i}");
         let first = run_once.clone().oneshot(job("1-0", &id)).await;
-        if matches!(first, Ok(RunOnceOutcome::Done(()))) && effects_of(&fixture, &id).await == 0 {
+        if matches!(first, Ok(RunOnceOutcome::Done(()))) && fixture.effects_of(&id).await == 0 {
             lost.push(id);
         }
     }

@@ -2,7 +2,36 @@
 //! `effects` table a job handler writes to: what the run-once tests on Postgres count.
 
 use tower_once_idempotency::store::postgres::PostgresStore;
+use tower_once_idempotency::Claim;
 use tower_once_test_support::postgres::{database_url, Schema};
+use tower_once_worker::{Job, JobError};
+
+/// A transaction of the job handler's.
+pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// The job's claim, and a transaction that has written the job's effect row.
+pub(crate) async fn begin_effect(
+    job: &Job,
+    schema: &str,
+) -> Result<(Claim<PostgresStore>, Tx), JobError> {
+    let claim = job
+        .extensions()
+        .get::<Claim<PostgresStore>>()
+        .cloned()
+        .ok_or_else(|| JobError::permanent("no claim"))?;
+    let mut tx = claim
+        .store()
+        .pool()
+        .begin()
+        .await
+        .map_err(JobError::transient)?;
+    sqlx::query(&format!("INSERT INTO {schema}.effects VALUES ($1)"))
+        .bind(job.job_id().as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(JobError::transient)?;
+    Ok((claim, tx))
+}
 
 pub(crate) struct EffectsDb {
     pub(crate) schema: Schema,
@@ -41,6 +70,18 @@ impl EffectsDb {
             "SELECT count(*) FROM {}.effects",
             self.schema.name
         ))
+        .fetch_one(self.store.pool())
+        .await
+        .unwrap()
+    }
+
+    /// How many effect rows of job `id` committed.
+    pub(crate) async fn effects_of(&self, id: &str) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.effects WHERE job_id = $1",
+            self.schema.name
+        ))
+        .bind(id)
         .fetch_one(self.store.pool())
         .await
         .unwrap()
